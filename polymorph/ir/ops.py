@@ -1,0 +1,516 @@
+"""The op table: the closed set of ops every backend implements.
+
+Each op declares its attributes, its shape/dtype inference, and its cost (FLOPs and bytes moved) at
+concrete shapes. Each has exactly one definition in `polymorph.reference`. Adding an op is a reviewed
+event: it touches this table, the reference, the conformance table and every backend's kernels.
+
+Layout conventions (the builders and every kernel follow them):
+  activations  [*, D]                    leading dims are any (batch, seq, ...)
+  linear       x [*, K] @ w[N, K]^T      weights in the checkpoint's [out, in] layout
+  heads        [B, S, H, Dh]
+  paged cache  [cache_blocks, block_size, Hkv, Dh], block_table [B, ctx_blocks] (i32 block ids),
+               positions [B, S] (i32 absolute position of each token in its sequence)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polymorph.ir.dtypes import DType
+from polymorph.ir.graph import Node, TensorType
+from polymorph.ir.shapes import Dim, broadcast, concrete, format_shape, is_symbol, numel, same_numel
+
+
+class OpError(ValueError):
+    """A node's inputs or attributes break its op's contract (the verifier adds the node's name)."""
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    kind: str  # int | float | bool | str | dtype | dims | ints | optint
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    group: str
+    arity: tuple[int, int]  # min and max number of inputs
+    infer: Callable[[list[TensorType], Mapping[str, Any]], list[TensorType]]
+    cost: Callable[[list[tuple[DType, tuple[int, ...]]], list[tuple[DType, tuple[int, ...]]], Mapping], Cost]
+    attrs: Mapping[str, AttrSpec] = field(default_factory=dict)
+    doc: str = ""
+
+
+def _req(cond: bool, message: str) -> None:
+    if not cond:
+        raise OpError(message)
+
+
+def _nbytes(t: tuple[DType, tuple[int, ...]]) -> int:
+    dtype, shape = t
+    return numel(shape) * dtype.itemsize
+
+
+def _io_bytes(ins: Sequence, outs: Sequence) -> float:
+    return float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs))
+
+
+def _float(t: TensorType, what: str) -> None:
+    _req(t.dtype.is_float, f"{what} must be a float tensor, got {t}")
+
+
+def _int(t: TensorType, what: str) -> None:
+    _req(t.dtype.is_int, f"{what} must be an integer tensor, got {t}")
+
+
+def _same_dim(a: Dim, b: Dim, what: str) -> None:
+    _req(a == b, f"{what}: {a} != {b}")
+
+
+# --- shape inference and costs, op by op -------------------------------------------------------------
+
+
+def _infer_embedding(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    table, ids = ins
+    _req(table.rank == 2, f"table must be [vocab, dim], got {table}")
+    _int(ids, "ids")
+    return [TensorType(table.dtype, (*ids.shape, table.shape[1]))]
+
+
+def _cost_embedding(ins, outs, attrs) -> Cost:
+    # Gathers one row per id: reads the ids and the rows, writes the rows.
+    return Cost(0.0, float(_nbytes(ins[1]) + 2 * _nbytes(outs[0])))
+
+
+def _infer_linear(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x, w = ins[0], ins[1]
+    _float(x, "x")
+    _req(w.rank == 2, f"weight must be [out, in], got {w}")
+    _req(x.rank >= 1, "x must have at least one dim")
+    _same_dim(x.shape[-1], w.shape[1], f"x {x} and weight {w} disagree on the inner dim")
+    if len(ins) == 3:
+        _req(ins[2].shape == (w.shape[0],), f"bias must be [{w.shape[0]}], got {ins[2]}")
+    return [TensorType(x.dtype, (*x.shape[:-1], w.shape[0]))]
+
+
+def _cost_linear(ins, outs, attrs) -> Cost:
+    (_, xs), (_, ws) = ins[0], ins[1]
+    m = numel(xs[:-1])
+    n, k = ws
+    return Cost(2.0 * m * n * k, _io_bytes(ins, outs))
+
+
+def _infer_matmul(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    a, b = ins
+    _float(a, "a")
+    _req(a.rank >= 2 and b.rank >= 2, f"matmul needs rank >= 2, got {a} and {b}")
+    _same_dim(a.shape[-1], b.shape[-2], f"a {a} and b {b} disagree on the inner dim")
+    try:
+        batch = broadcast(a.shape[:-2], b.shape[:-2])
+    except ValueError as e:
+        raise OpError(str(e)) from None
+    return [TensorType(a.dtype, (*batch, a.shape[-2], b.shape[-1]))]
+
+
+def _cost_matmul(ins, outs, attrs) -> Cost:
+    (_, a), (_, b) = ins
+    return Cost(2.0 * numel(outs[0][1]) * a[-1], _io_bytes(ins, outs))
+
+
+def _infer_norm(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x = ins[0]
+    _float(x, "x")
+    for i, p in enumerate(ins[1:], start=1):
+        _req(p.shape == (x.shape[-1],), f"input {i} must be [{x.shape[-1]}], got {p}")
+    return [x]
+
+
+def _cost_norm(ins, outs, attrs) -> Cost:
+    return Cost(4.0 * numel(ins[0][1]), _io_bytes(ins, outs))
+
+
+def _infer_rope(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x, pos = ins
+    _float(x, "x")
+    _req(x.rank == 4, f"x must be [batch, seq, heads, head_dim], got {x}")
+    _int(pos, "positions")
+    _req(pos.shape == x.shape[:2], f"positions must be {format_shape(x.shape[:2])}, got {pos}")
+    _req(not isinstance(x.shape[3], int) or x.shape[3] % 2 == 0, "head_dim must be even")
+    return [x]
+
+
+def _cost_rope(ins, outs, attrs) -> Cost:
+    return Cost(3.0 * numel(ins[0][1]), _io_bytes(ins, outs))
+
+
+def _infer_kv_write(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    cache, x, table, pos = ins
+    _req(cache.rank == 4, f"cache must be [cache_blocks, block_size, kv_heads, head_dim], got {cache}")
+    _req(x.rank == 4, f"x must be [batch, seq, kv_heads, head_dim], got {x}")
+    _req(x.dtype == cache.dtype, f"x dtype {x.dtype} != cache dtype {cache.dtype}")
+    _req(x.shape[2:] == cache.shape[2:], f"x {x} and cache {cache} disagree on heads/head_dim")
+    _int(table, "block_table")
+    _int(pos, "positions")
+    _req(table.rank == 2 and table.shape[0] == x.shape[0], f"block_table must be [batch, blocks], got {table}")
+    _req(pos.shape == x.shape[:2], f"positions must be {format_shape(x.shape[:2])}, got {pos}")
+    return [cache]
+
+
+def _cost_kv_write(ins, outs, attrs) -> Cost:
+    # Writes only the new rows; the rest of the cache is untouched.
+    return Cost(0.0, 2.0 * _nbytes(ins[1]) + _nbytes(ins[3]))
+
+
+def _check_gqa(q: TensorType, kv_heads: Dim, head_dim: Dim) -> None:
+    _req(q.rank == 4, f"q must be [batch, seq, heads, head_dim], got {q}")
+    _same_dim(q.shape[3], head_dim, "q and k/v head_dim")
+    h = q.shape[2]
+    if isinstance(h, int) and isinstance(kv_heads, int):
+        _req(h % kv_heads == 0, f"query heads {h} are not a multiple of kv heads {kv_heads}")
+
+
+def _infer_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    q, k, v = ins
+    _float(q, "q")
+    _req(k.shape == v.shape, f"k {k} and v {v} differ")
+    _req(k.rank == 4, f"k must be [batch, seq_kv, kv_heads, head_dim], got {k}")
+    _check_gqa(q, k.shape[2], k.shape[3])
+    _same_dim(q.shape[0], k.shape[0], "q and k batch")
+    if attrs["causal"]:
+        _same_dim(q.shape[1], k.shape[1], "causal attention needs q and k of one length")
+    return [q]
+
+
+def _cost_attention(ins, outs, attrs) -> Cost:
+    (_, q), (_, k) = ins[0], ins[1]
+    b, s, h, d = q
+    flops = 4.0 * b * h * s * k[1] * d
+    if attrs["causal"]:
+        flops /= 2
+    return Cost(flops, _io_bytes(ins, outs))
+
+
+def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    q, kc, vc, table, pos = ins
+    _float(q, "q")
+    _req(kc.shape == vc.shape, f"k_cache {kc} and v_cache {vc} differ")
+    _req(kc.rank == 4, f"caches must be [cache_blocks, block_size, kv_heads, head_dim], got {kc}")
+    _check_gqa(q, kc.shape[2], kc.shape[3])
+    _int(table, "block_table")
+    _int(pos, "positions")
+    _req(table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}")
+    _req(pos.shape == q.shape[:2], f"positions must be {format_shape(q.shape[:2])}, got {pos}")
+    return [q]
+
+
+def _cost_cache_attention(ins, outs, attrs) -> Cost:
+    # Upper bound: every sequence attends over its whole block table.
+    (qd, q), (kd, kc), (_, table) = ins[0], ins[1], ins[3]
+    b, s, h, d = q
+    ctx = table[1] * kc[1]
+    kv_bytes = 2.0 * b * ctx * kc[2] * kc[3] * kd.itemsize
+    return Cost(4.0 * b * h * s * ctx * d, kv_bytes + 2.0 * _nbytes(ins[0]) + _nbytes(ins[3]))
+
+
+def _infer_unary(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    _float(ins[0], "x")
+    return [ins[0]]
+
+
+def _cost_elementwise(flops_per: float) -> Callable:
+    def cost(ins, outs, attrs) -> Cost:
+        return Cost(flops_per * numel(outs[0][1]), _io_bytes(ins, outs))
+
+    return cost
+
+
+def _infer_binary(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    a, b = ins
+    _req(a.dtype == b.dtype, f"dtypes differ: {a.dtype} and {b.dtype}")
+    try:
+        return [TensorType(a.dtype, broadcast(a.shape, b.shape))]
+    except ValueError as e:
+        raise OpError(str(e)) from None
+
+
+def _axis(rank: int, axis: int) -> int:
+    _req(-rank <= axis < rank, f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _infer_softmax(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    _float(ins[0], "x")
+    _axis(ins[0].rank, attrs["axis"])
+    return [ins[0]]
+
+
+def _infer_topk_router(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (logits,) = ins
+    _float(logits, "router logits")
+    k, experts = attrs["k"], logits.shape[-1]
+    _req(k >= 1, "k must be >= 1")
+    _req(not isinstance(experts, int) or k <= experts, f"k={k} exceeds the {experts} experts")
+    lead = logits.shape[:-1]
+    return [TensorType(DType.F32, (*lead, k)), TensorType(DType.I32, (*lead, k))]
+
+
+def _cost_topk_router(ins, outs, attrs) -> Cost:
+    return Cost(5.0 * numel(ins[0][1]), _io_bytes(ins, outs))
+
+
+def _infer_moe_ffn(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x, weights, idx, wg, wu, wd = ins
+    _float(x, "x")
+    _float(weights, "routing weights")
+    _int(idx, "expert indices")
+    _req(weights.shape == idx.shape, f"routing weights {weights} and indices {idx} differ")
+    _req(weights.shape[:-1] == x.shape[:-1], f"routing {weights} does not match tokens of x {x}")
+    _req(wg.rank == 3 and wg.shape == wu.shape, f"w_gate {wg} and w_up {wu} must be [experts, ffn, dim]")
+    _same_dim(wg.shape[2], x.shape[-1], "w_gate input dim and x")
+    _req(wd.shape == (wg.shape[0], wg.shape[2], wg.shape[1]), f"w_down must be [experts, dim, ffn], got {wd}")
+    return [x]
+
+
+def _cost_moe_ffn(ins, outs, attrs) -> Cost:
+    (_, xs), (_, ks), (wdt, wg) = ins[0], ins[1], ins[3]
+    tokens, k = numel(xs[:-1]), ks[-1]
+    e, f, d = wg
+    touched = min(e, tokens * k)  # experts whose weights are read at least once
+    weight_bytes = 3.0 * touched * f * d * wdt.itemsize
+    act = _nbytes(ins[0]) + _nbytes(ins[1]) + _nbytes(ins[2]) + _nbytes(outs[0])
+    return Cost(6.0 * tokens * k * f * d, weight_bytes + act)
+
+
+def _infer_argmax(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    axis = _axis(x.rank, attrs["axis"])
+    return [TensorType(DType.I32, x.shape[:axis] + x.shape[axis + 1 :])]
+
+
+def _infer_reshape(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    shape = tuple(attrs["shape"])
+    _req(same_numel(x.shape, shape), f"cannot reshape {x} into {format_shape(shape)}")
+    return [TensorType(x.dtype, shape)]
+
+
+def _infer_transpose(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    perm = tuple(attrs["perm"])
+    _req(sorted(perm) == list(range(x.rank)), f"perm {perm} is not a permutation of {x.rank} axes")
+    return [TensorType(x.dtype, tuple(x.shape[p] for p in perm))]
+
+
+def slice_bounds(dim: Dim, start: int, end: int | None) -> tuple[Dim, int, int | None]:
+    """Length of `x[start:end]` along a dim of size `dim` (symbolic only for start<0 and no end)."""
+    if is_symbol(dim):
+        if start < 0 and end is None:
+            return -start, start, end
+        _req(start >= 0 and end is not None and end >= start, f"slice [{start}:{end}] of symbolic dim {dim}")
+        return end - start, start, end
+    lo, hi, _ = slice(start, end).indices(int(dim))
+    _req(hi > lo, f"slice [{start}:{end}] of a dim of {dim} is empty")
+    return hi - lo, start, end
+
+
+def _infer_slice(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    axis = _axis(x.rank, attrs["axis"])
+    length, _, _ = slice_bounds(x.shape[axis], attrs["start"], attrs["end"])
+    return [TensorType(x.dtype, (*x.shape[:axis], length, *x.shape[axis + 1 :]))]
+
+
+def _infer_concat(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    first = ins[0]
+    axis = _axis(first.rank, attrs["axis"])
+    total: Dim = 0
+    for i, t in enumerate(ins):
+        _req(t.dtype == first.dtype and t.rank == first.rank, f"input {i} {t} does not match {first}")
+        _req(
+            t.shape[:axis] == first.shape[:axis] and t.shape[axis + 1 :] == first.shape[axis + 1 :],
+            f"input {i} {t} differs from {first} off the concat axis",
+        )
+        d = t.shape[axis]
+        _req(isinstance(d, int) and isinstance(total, int), "concat along a symbolic dim")
+        total = int(total) + int(d)
+    return [TensorType(first.dtype, (*first.shape[:axis], total, *first.shape[axis + 1 :]))]
+
+
+def _infer_cast(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    return [TensorType(DType.parse(attrs["dtype"]), ins[0].shape)]
+
+
+def _cost_move(ins, outs, attrs) -> Cost:
+    return Cost(0.0, _io_bytes(ins, outs))
+
+
+def _cost_view(ins, outs, attrs) -> Cost:
+    # A reshape is a view: no bytes move.
+    return Cost(0.0, 0.0)
+
+
+_EPS = {"eps": AttrSpec("float", default=1e-5)}
+_ROPE = {
+    "theta": AttrSpec("float", default=10000.0),
+    "rope_type": AttrSpec("str", default="default", choices=("default", "llama3")),
+    "factor": AttrSpec("float", default=1.0),
+    "low_freq_factor": AttrSpec("float", default=1.0),
+    "high_freq_factor": AttrSpec("float", default=4.0),
+    "original_max_position_embeddings": AttrSpec("int", default=8192),
+}
+
+OPS: dict[str, OpDef] = {
+    op.name: op
+    for op in [
+        # --- lookup and projections
+        OpDef("embedding", "projection", (2, 2), _infer_embedding, _cost_embedding,
+              doc="table[V, D], ids[*] -> [*, D]"),
+        OpDef("linear", "projection", (2, 3), _infer_linear, _cost_linear,
+              doc="x[*, K], w[N, K] (, bias[N]) -> [*, N]"),
+        OpDef("matmul", "projection", (2, 2), _infer_matmul, _cost_matmul,
+              doc="a[*, M, K], b[*, K, N] -> [*, M, N]"),
+        # --- normalization and position
+        OpDef("rmsnorm", "norm", (2, 2), _infer_norm, _cost_norm, dict(_EPS),
+              doc="x[*, D], w[D] -> x / rms(x) * w (float32 statistics)"),
+        OpDef("layernorm", "norm", (3, 3), _infer_norm, _cost_norm, dict(_EPS),
+              doc="x[*, D], w[D], b[D] -> (x - mean) / std * w + b"),
+        OpDef("rope", "position", (2, 2), _infer_rope, _cost_rope, dict(_ROPE),
+              doc="x[B, S, H, Dh], positions[B, S] -> rotary embedding, rotate-half (neox) layout"),
+        # --- attention and the KV cache
+        OpDef("kv_write", "attention", (4, 4), _infer_kv_write, _cost_kv_write,
+              doc="cache, x[B, S, Hkv, Dh], block_table, positions -> cache with x at its slots (in place)"),
+        OpDef("attention", "attention", (3, 3), _infer_attention, _cost_attention,
+              {"causal": AttrSpec("bool", default=True), "scale": AttrSpec("float", required=True)},
+              doc="q[B, S, H, Dh], k, v[B, T, Hkv, Dh] -> [B, S, H, Dh] (grouped-query)"),
+        OpDef("cache_attention", "attention", (5, 5), _infer_cache_attention, _cost_cache_attention,
+              {"scale": AttrSpec("float", required=True)},
+              doc="q[B, S, H, Dh] over the paged cache; token (b, s) sees positions <= positions[b, s]"),
+        # --- elementwise
+        OpDef("silu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(4.0)),
+        OpDef("gelu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(8.0),
+              {"approximate": AttrSpec("str", default="none", choices=("none", "tanh"))}),
+        OpDef("mul", "elementwise", (2, 2), _infer_binary, _cost_elementwise(1.0)),
+        OpDef("add", "elementwise", (2, 2), _infer_binary, _cost_elementwise(1.0)),
+        OpDef("softmax", "reduction", (1, 1), _infer_softmax, _cost_elementwise(5.0),
+              {"axis": AttrSpec("int", default=-1)}),
+        OpDef("argmax", "reduction", (1, 1), _infer_argmax, _cost_move, {"axis": AttrSpec("int", default=-1)}),
+        # --- mixture of experts
+        OpDef("topk_router", "moe", (1, 1), _infer_topk_router, _cost_topk_router,
+              {"k": AttrSpec("int", required=True),
+               "mode": AttrSpec("str", default="topk_softmax", choices=("topk_softmax", "softmax_topk")),
+               "normalize": AttrSpec("bool", default=False)},
+              doc="logits[*, E] -> weights[*, k] f32, indices[*, k] i32; topk_softmax: Mixtral, "
+                  "softmax_topk (+ normalize): Qwen3-MoE"),
+        OpDef("moe_ffn", "moe", (6, 6), _infer_moe_ffn, _cost_moe_ffn,
+              doc="x[*, D], weights[*, k], indices[*, k], w_gate/w_up[E, F, D], w_down[E, D, F] -> "
+                  "sum_k weight * down(silu(gate x) * up x)"),
+        # --- layout
+        OpDef("reshape", "layout", (1, 1), _infer_reshape, _cost_view, {"shape": AttrSpec("dims", required=True)}),
+        OpDef("transpose", "layout", (1, 1), _infer_transpose, _cost_move,
+              {"perm": AttrSpec("ints", required=True)}),
+        OpDef("slice", "layout", (1, 1), _infer_slice, _cost_move,
+              {"axis": AttrSpec("int", required=True), "start": AttrSpec("int", required=True),
+               "end": AttrSpec("optint", default=None)}),
+        OpDef("concat", "layout", (1, 64), _infer_concat, _cost_move, {"axis": AttrSpec("int", required=True)}),
+        OpDef("cast", "layout", (1, 1), _infer_cast, _cost_move,
+              {"dtype": AttrSpec("dtype", required=True)}),
+    ]
+}  # fmt: skip
+
+
+def op_def(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise OpError(f"unknown op `{name}`; the op table has: {', '.join(sorted(OPS))}") from None
+
+
+def normalize_attrs(op: OpDef, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Check `attrs` against the op's spec; fill defaults; return canonical values (tuples, floats)."""
+    unknown = set(attrs) - set(op.attrs)
+    if unknown:
+        raise OpError(f"unknown attribute(s) {sorted(unknown)} for op `{op.name}`")
+    out: dict[str, Any] = {}
+    for key, spec in op.attrs.items():
+        if key not in attrs:
+            if spec.required:
+                raise OpError(f"missing required attribute `{key}`")
+            out[key] = spec.default
+            continue
+        out[key] = _check_attr(key, spec, attrs[key])
+    return out
+
+
+def _check_attr(key: str, spec: AttrSpec, value: Any) -> Any:
+    def bad() -> OpError:
+        return OpError(f"attribute `{key}` must be {spec.kind}, got {value!r}")
+
+    kind = spec.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if kind in ("int", "optint"):
+        if value is None and kind == "optint":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad()
+        return float(value)
+    if kind == "str":
+        if not isinstance(value, str):
+            raise bad()
+        if spec.choices and value not in spec.choices:
+            raise OpError(f"attribute `{key}` must be one of {list(spec.choices)}, got {value!r}")
+        return value
+    if kind == "dtype":
+        try:
+            return DType.parse(str(value)).value
+        except ValueError as e:
+            raise OpError(str(e)) from None
+    if kind in ("dims", "ints"):
+        if not isinstance(value, list | tuple):
+            raise bad()
+        allowed = (int,) if kind == "ints" else (int, str)
+        if any(isinstance(v, bool) or not isinstance(v, allowed) for v in value):
+            raise bad()
+        if kind == "dims" and any(isinstance(v, int) and v < 0 for v in value):
+            raise OpError(f"attribute `{key}`: dims must be >= 0 or named, got {list(value)}")
+        return tuple(value)
+    raise AssertionError(f"attr kind {kind}")
+
+
+def infer_node(node: Node, in_types: list[TensorType]) -> list[TensorType]:
+    """Output types of `node` given its input types (OpError without the node's name)."""
+    op = op_def(node.op)
+    lo, hi = op.arity
+    if not lo <= len(in_types) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise OpError(f"takes {want} inputs, got {len(in_types)}")
+    attrs = normalize_attrs(op, node.attrs)
+    outs = op.infer(in_types, attrs)
+    if len(outs) != len(node.outputs):
+        raise OpError(f"produces {len(outs)} outputs, the node names {len(node.outputs)}")
+    return outs
+
+
+def node_cost(node: Node, in_types: list[TensorType], out_types: list[TensorType], bindings: Mapping[str, int]) -> Cost:
+    """FLOPs and bytes moved by `node` at the concrete dims `bindings` gives its symbols."""
+    op = op_def(node.op)
+    ins = [(t.dtype, concrete(t.shape, bindings)) for t in in_types]
+    outs = [(t.dtype, concrete(t.shape, bindings)) for t in out_types]
+    return op.cost(ins, outs, normalize_attrs(op, node.attrs))

@@ -1,0 +1,101 @@
+"""Weights for a graph's params: from a Hugging Face checkpoint by name, or seeded random.
+
+Random weights have the real shapes and scales that keep activations near unit size through any
+depth (projections ~ N(0, 1/fan_in), norms ~ 1, embeddings ~ N(0, 1/dim)), so a random model's logits
+and numerics look like a trained one's to every kernel. Each tensor is drawn from its own stream,
+seeded by (seed, name), so one weight does not depend on which others were drawn.
+
+Checkpoints keep their parameter names; only MoE experts differ: the hub layout stores one tensor per
+expert (`experts.3.w1.weight`, `experts.3.gate_proj.weight`) and transformers 5 keeps them fused in
+memory (`experts.gate_up_proj`), while the graph reads one stacked tensor per layer and projection.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+
+from polymorph.errors import UserError
+from polymorph.ir.graph import Graph, TensorType
+from polymorph.ir.shapes import concrete
+
+# Hub names of the three expert projections, per family: (gate, up, down).
+_EXPERT_NAMES = {
+    "block_sparse_moe": ("w1", "w3", "w2"),  # Mixtral
+    "mlp": ("gate_proj", "up_proj", "down_proj"),  # Qwen3-MoE
+}
+_STACKED = re.compile(r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp))\.experts\.w_(?P<proj>gate|up|down)$")
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def random_tensor(name: str, t: TensorType, seed: int) -> np.ndarray:
+    """One seeded random weight with a scale that suits its role (read from its name and shape)."""
+    shape = concrete(t.shape)
+    rng = _rng(seed, name)
+    if len(shape) == 1:
+        if name.endswith(".bias"):
+            values = 0.02 * rng.standard_normal(shape, dtype=np.float32)
+        else:  # norm weights
+            values = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    elif "embed_tokens" in name:
+        values = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+    else:  # [out, in] or [experts, out, in]: fan-in scaling
+        values = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+    return values.astype(t.dtype.numpy)
+
+
+def random_weights(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    return {name: random_tensor(name, t, seed) for name, t in graph.params.items()}
+
+
+def checkpoint_weights(graph: Graph, tensors: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
+    """Map checkpoint tensors onto `graph.params` (cast to the graph's dtype); UserError if one is missing."""
+    out: dict[str, np.ndarray] = {}
+    for name, t in graph.params.items():
+        arr = _find(name, tensors, graph, source)
+        shape = concrete(t.shape)
+        if tuple(arr.shape) != shape:
+            raise UserError(
+                f"{source}: `{name}` has shape {list(arr.shape)}, the model expects {list(shape)}"
+            )
+        out[name] = np.ascontiguousarray(
+            arr.astype(np.float32).astype(t.dtype.numpy) if arr.dtype != t.dtype.numpy else arr
+        )
+    return out
+
+
+def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: str) -> np.ndarray:
+    if name in tensors:
+        return tensors[name]
+    if name == "lm_head.weight" and "model.embed_tokens.weight" in tensors:
+        # Some checkpoints tie lm_head without saying so in config.json; others save both.
+        return tensors["model.embed_tokens.weight"]
+    m = _STACKED.match(name)
+    if m:
+        return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)
+    raise UserError(f"{source}: the checkpoint has no tensor `{name}`; is it a checkpoint of this model?")
+
+
+def _stack_experts(
+    prefix: str, block: str, proj: str, tensors: Mapping[str, np.ndarray], t: TensorType, source: str
+) -> np.ndarray:
+    experts = int(t.shape[0])
+    gate, up, down = _EXPERT_NAMES[block]
+    hub = {"gate": gate, "up": up, "down": down}[proj]
+    per_expert = [f"{prefix}.experts.{e}.{hub}.weight" for e in range(experts)]
+    if all(k in tensors for k in per_expert):
+        return np.stack([tensors[k] for k in per_expert])
+    fused = f"{prefix}.experts.gate_up_proj"
+    if proj in ("gate", "up") and fused in tensors:
+        gate_up = tensors[fused]  # [E, 2F, D]: gate rows first, then up
+        half = gate_up.shape[1] // 2
+        return gate_up[:, :half] if proj == "gate" else gate_up[:, half:]
+    if proj == "down" and f"{prefix}.experts.down_proj" in tensors:
+        return tensors[f"{prefix}.experts.down_proj"]
+    raise UserError(f"{source}: no expert weights for `{prefix}` ({per_expert[0]} or {fused} not found)")

@@ -1,0 +1,316 @@
+"""The reference engine: a numpy interpreter that defines every op of the op table.
+
+This is the living definition of the IR and the stock engine every backend is checked against.
+Every op computes in float32 (integers stay integers) and casts its result to the output dtype the
+op table infers, so a bf16 graph rounds exactly where its values are stored, never inside an op.
+
+`run` writes the state (the KV cache) in place, as a device engine does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from polymorph.errors import UserError
+from polymorph.ir.graph import Graph, TensorType
+from polymorph.ir.ops import OPS, normalize_attrs
+from polymorph.ir.shapes import bind, format_shape
+
+Array = np.ndarray
+RefFn = Callable[[list[Array], Mapping[str, Any]], list[Array]]
+
+
+def f32(x: Array) -> Array:
+    return np.asarray(x, dtype=np.float32)
+
+
+# --- op definitions ----------------------------------------------------------------------------------
+
+
+def _embedding(ins: list[Array], a: Mapping) -> list[Array]:
+    table, ids = ins
+    return [table[ids]]
+
+
+def _linear(ins: list[Array], a: Mapping) -> list[Array]:
+    x, w = f32(ins[0]), f32(ins[1])
+    y = x @ w.T  # [*, K] @ [K, N]
+    if len(ins) == 3:
+        y = y + f32(ins[2])
+    return [y]
+
+
+def _matmul(ins: list[Array], a: Mapping) -> list[Array]:
+    return [f32(ins[0]) @ f32(ins[1])]
+
+
+def _rmsnorm(ins: list[Array], a: Mapping) -> list[Array]:
+    x, w = f32(ins[0]), f32(ins[1])
+    rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(a["eps"]))
+    return [x / rms * w]
+
+
+def _layernorm(ins: list[Array], a: Mapping) -> list[Array]:
+    x, w, b = (f32(t) for t in ins)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return [(x - mean) / np.sqrt(var + np.float32(a["eps"])) * w + b]
+
+
+def rope_inv_freq(head_dim: int, a: Mapping) -> Array:
+    """Inverse frequencies [head_dim / 2] of a rope op's attributes (llama3 scaling included)."""
+    inv = 1.0 / (a["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if a["rope_type"] == "llama3":
+        factor, lo, hi = a["factor"], a["low_freq_factor"], a["high_freq_factor"]
+        old = a["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+
+def _rope(ins: list[Array], a: Mapping) -> list[Array]:
+    x, pos = f32(ins[0]), ins[1]
+    half = x.shape[-1] // 2
+    angles = pos.astype(np.float32)[..., None] * rope_inv_freq(x.shape[-1], a)  # [B, S, Dh/2]
+    cos = np.cos(angles)[:, :, None, :]  # [B, S, 1, Dh/2]
+    sin = np.sin(angles)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return [np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)]
+
+
+def cache_slots(block_table: Array, positions: Array, block_size: int) -> tuple[Array, Array]:
+    """(block id, slot in block) of every token (b, s): the paged-KV addressing every kernel uses."""
+    logical_block = positions // block_size
+    if (positions < 0).any() or (logical_block >= block_table.shape[1]).any():
+        raise UserError(
+            f"a position is outside the block table (positions {positions.min()}..{positions.max()}, "
+            f"{block_table.shape[1]} blocks of {block_size})"
+        )
+    blocks = np.take_along_axis(block_table, logical_block, axis=1)  # [B, S]
+    return blocks, positions % block_size
+
+
+def _kv_write(ins: list[Array], a: Mapping) -> list[Array]:
+    cache, x, table, pos = ins
+    blocks, slots = cache_slots(table, pos, cache.shape[1])
+    cache[blocks, slots] = x.astype(cache.dtype)  # in place: the cache is state
+    return [cache]
+
+
+def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
+    """q[B, S, H, Dh], k/v[B, T, Hkv, Dh], visible[B, S, T] -> [B, S, H, Dh], grouped-query."""
+    b, s, h, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, s, hkv, h // hkv, d)  # query heads grouped by the kv head they share
+    scores = np.einsum("bsgrd,btgd->bgrst", qg, k) * np.float32(scale)  # [B, Hkv, rep, S, T]
+    scores = np.where(visible[:, None, None], scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p = p / p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bgrst,btgd->bsgrd", p, v)
+    return out.reshape(b, s, h, d)
+
+
+def _attention(ins: list[Array], a: Mapping) -> list[Array]:
+    q, k, v = (f32(t) for t in ins)
+    s, t = q.shape[1], k.shape[1]
+    visible = np.ones((q.shape[0], s, t), dtype=bool)
+    if a["causal"]:
+        visible &= np.tril(np.ones((s, t), dtype=bool))
+    return [_attend(q, k, v, visible, a["scale"])]
+
+
+def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
+    q, kc, vc, table, pos = ins
+    nb, bs, hkv, d = kc.shape
+    k = f32(kc[table]).reshape(table.shape[0], table.shape[1] * bs, hkv, d)  # [B, T, Hkv, Dh]
+    v = f32(vc[table]).reshape(table.shape[0], table.shape[1] * bs, hkv, d)
+    t = np.arange(k.shape[1])
+    visible = t[None, None, :] <= pos[:, :, None]  # [B, S, T]
+    return [_attend(f32(q), k, v, visible, a["scale"])]
+
+
+def _silu(ins: list[Array], a: Mapping) -> list[Array]:
+    x = f32(ins[0])
+    return [x / (1.0 + np.exp(-x))]
+
+
+def _gelu(ins: list[Array], a: Mapping) -> list[Array]:
+    x = f32(ins[0])
+    if a["approximate"] == "tanh":
+        return [0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))]
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return [(0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)]
+
+
+def _mul(ins: list[Array], a: Mapping) -> list[Array]:
+    return [f32(ins[0]) * f32(ins[1])]
+
+
+def _add(ins: list[Array], a: Mapping) -> list[Array]:
+    return [f32(ins[0]) + f32(ins[1])]
+
+
+def softmax(x: Array, axis: int = -1) -> Array:
+    x = f32(x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _softmax(ins: list[Array], a: Mapping) -> list[Array]:
+    return [softmax(ins[0], a["axis"])]
+
+
+def _topk(x: Array, k: int) -> tuple[Array, Array]:
+    # Stable descending order: ties go to the lower expert index, as torch.topk does on CPU.
+    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int32)
+
+
+def _topk_router(ins: list[Array], a: Mapping) -> list[Array]:
+    logits = f32(ins[0])
+    if a["mode"] == "topk_softmax":
+        vals, idx = _topk(logits, a["k"])
+        return [softmax(vals), idx]
+    vals, idx = _topk(softmax(logits), a["k"])
+    if a["normalize"]:
+        vals = vals / vals.sum(axis=-1, keepdims=True)
+    return [vals, idx]
+
+
+def _moe_ffn(ins: list[Array], a: Mapping) -> list[Array]:
+    x, weights, idx, wg, wu, wd = ins
+    lead = x.shape[:-1]
+    xt = f32(x).reshape(-1, x.shape[-1])  # [T, D]
+    wt = f32(weights).reshape(-1, weights.shape[-1])  # [T, k]
+    it = idx.reshape(-1, idx.shape[-1])
+    out = np.zeros_like(xt)
+    for e in np.unique(it):
+        tok, slot = np.nonzero(it == e)
+        h = xt[tok]
+        g = h @ f32(wg[e]).T
+        act = g / (1.0 + np.exp(-g)) * (h @ f32(wu[e]).T)
+        np.add.at(out, tok, wt[tok, slot][:, None] * (act @ f32(wd[e]).T))
+    return [out.reshape(*lead, x.shape[-1])]
+
+
+def _argmax(ins: list[Array], a: Mapping) -> list[Array]:
+    return [np.argmax(f32(ins[0]), axis=a["axis"])]
+
+
+def _reshape(ins: list[Array], a: Mapping, shape: tuple[int, ...] = ()) -> list[Array]:
+    return [ins[0].reshape(shape)]
+
+
+def _transpose(ins: list[Array], a: Mapping) -> list[Array]:
+    return [np.transpose(ins[0], a["perm"])]
+
+
+def _slice(ins: list[Array], a: Mapping) -> list[Array]:
+    x = ins[0]
+    index = [slice(None)] * x.ndim
+    index[a["axis"]] = slice(a["start"], a["end"])
+    return [x[tuple(index)]]
+
+
+def _concat(ins: list[Array], a: Mapping) -> list[Array]:
+    return [np.concatenate(ins, axis=a["axis"])]
+
+
+def _cast(ins: list[Array], a: Mapping) -> list[Array]:
+    return [ins[0]]  # the interpreter casts every result to its inferred dtype
+
+
+REFERENCE: dict[str, RefFn] = {
+    "embedding": _embedding,
+    "linear": _linear,
+    "matmul": _matmul,
+    "rmsnorm": _rmsnorm,
+    "layernorm": _layernorm,
+    "rope": _rope,
+    "kv_write": _kv_write,
+    "attention": _attention,
+    "cache_attention": _cache_attention,
+    "silu": _silu,
+    "gelu": _gelu,
+    "mul": _mul,
+    "add": _add,
+    "softmax": _softmax,
+    "argmax": _argmax,
+    "topk_router": _topk_router,
+    "moe_ffn": _moe_ffn,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "slice": _slice,
+    "concat": _concat,
+    "cast": _cast,
+}
+assert set(REFERENCE) == set(OPS), "every op of the table has exactly one reference"
+
+
+# --- the interpreter ---------------------------------------------------------------------------------
+
+
+def bind_symbols(graph: Graph, arrays: Mapping[str, Array]) -> dict[str, int]:
+    """Match leaf arrays against the graph's declared types; return the value of every symbol.
+
+    A missing leaf, a wrong dtype, a wrong rank or a dim that contradicts another raises UserError.
+    """
+    bindings: dict[str, int] = {}
+    for name, t in graph.leaves().items():
+        if name not in arrays:
+            raise UserError(f"graph `{graph.name}` needs `{name}` ({t}), which was not given")
+        arr = arrays[name]
+        if arr.dtype != t.dtype.numpy:
+            raise UserError(f"`{name}` is {arr.dtype}, the graph declares {t}")
+        if arr.ndim != t.rank:
+            raise UserError(f"`{name}` has shape {list(arr.shape)}, the graph declares {t}")
+        for dim, size in zip(t.shape, arr.shape, strict=True):
+            if isinstance(dim, str):
+                if bindings.setdefault(dim, size) != size:
+                    raise UserError(f"`{name}` gives {dim}={size}, another input gave {dim}={bindings[dim]}")
+            elif dim != size:
+                raise UserError(f"`{name}` has shape {list(arr.shape)}, the graph declares {t}")
+    return bindings
+
+
+def run(
+    graph: Graph,
+    params: Mapping[str, Array],
+    inputs: Mapping[str, Array],
+    state: dict[str, Array],
+) -> dict[str, Array]:
+    """Run `graph` once; return its outputs by name. `state` arrays are written in place."""
+    env: dict[str, Array] = {**params, **inputs, **state}
+    bindings = bind_symbols(graph, env)
+    types = graph.types()
+    for node in graph.nodes:
+        attrs = normalize_attrs(OPS[node.op], node.attrs)
+        args = [env[v] for v in node.inputs]
+        if node.op == "reshape":
+            outs = _reshape(args, attrs, tuple(int(d) for d in bind(attrs["shape"], bindings)))
+        else:
+            outs = REFERENCE[node.op](args, attrs)
+        for value, arr in zip(node.outputs, outs, strict=True):
+            env[value] = _as_type(arr, types[value], bindings, node.name)
+    for name, value in graph.state_updates.items():
+        if env[value] is not state[name]:
+            state[name][...] = env[value]
+    return {name: env[value] for name, value in graph.outputs.items()}
+
+
+def _as_type(arr: Array, t: TensorType, bindings: Mapping[str, int], where: str) -> Array:
+    shape = bind(t.shape, bindings)
+    if arr.shape != shape:
+        raise AssertionError(f"{where}: reference produced {list(arr.shape)}, inferred {format_shape(shape)}")
+    if t.dtype.is_float and arr.dtype != t.dtype.numpy:
+        return f32(arr).astype(t.dtype.numpy)
+    return arr.astype(t.dtype.numpy, copy=False)
