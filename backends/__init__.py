@@ -1,0 +1,1 @@
+"""In-tree backends, installed as `polymorph.backends.<family>`: cpu, cuda, rocm, neuron."""

@@ -1,0 +1,69 @@
+"""The cpu backend's lowering and compile: plan onto kernels/torch/, copy the kernel sources out."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import ClassVar
+
+from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
+from polymorph.hw import Profile
+from polymorph.ir.graph import Graph
+from polymorph.lowering import lower_onto_library
+from polymorph.passes import CPU_PATTERNS
+from polymorph.plan import Plan
+from polymorph.predict import plan_report
+
+
+class CpuBackend(Backend):
+    name: ClassVar[str] = "cpu"
+    family: ClassVar[str] = "torch"
+    targets: ClassVar[tuple[str, ...]] = ("cpu",)
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD})
+
+    def probe(self) -> Probe:
+        # find_spec, not import: probing must stay cheap and side-effect free.
+        if importlib.util.find_spec("torch") is None:
+            missing = Capability(False, "torch is not installed; `pip install polymorph` brings it")
+            return Probe(self.name, missing, missing, missing)
+        ok = Capability(True, "torch on the host CPU")
+        return Probe(self.name, ok, ok, Capability(True, "host wall clock (perf_counter_ns)"))
+
+    def lower(self, graph: Graph, profile: Profile) -> Plan:
+        check_profile(self, profile)
+        library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
+        return lower_onto_library(self.name, self.family, graph, profile, CPU_PATTERNS, library_call=library_call)
+
+    def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
+        """The cpu 'device code' is the kernel sources themselves: each one is built once here (so a
+        broken kernel fails at compile, not at run) and copied into `out_dir/kernels/<sha256>.py`."""
+        from polymorph.backends.cpu.runtime import build_launches
+
+        build_launches(plan)
+        report = plan_report(plan, resources_of=lambda group: {})
+        artifact = Artifact(plan, report, out_dir)
+        if out_dir is not None:
+            kernel_dir = out_dir / "kernels"
+            kernel_dir.mkdir(parents=True, exist_ok=True)
+            from polymorph.kernel_files import kernels_root
+
+            for group in plan.groups:
+                dest = kernel_dir / f"{group.kernel.sha256}.py"
+                if not dest.exists():
+                    shutil.copyfile(_kernel_source(group.kernel.file, kernels_root()), dest)
+                    artifact.files.append(str(dest.relative_to(out_dir)))
+            plan.save(out_dir)
+            report.artifacts = sorted(artifact.files)
+            report.save(out_dir)
+        return artifact
+
+    def load(self, artifact: Artifact, weights):  # type: ignore[override]
+        from polymorph.backends.cpu.runtime import CpuExecutable
+
+        return CpuExecutable(artifact.plan, weights)
+
+
+def _kernel_source(file: str, root: Path) -> Path:
+    path = Path(file)
+    return path if path.is_absolute() else root / path

@@ -1,0 +1,107 @@
+"""The cpu backend's executable: weights and the paged KV cache as torch tensors, one launch per group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from polymorph.backend import Executable
+from polymorph.backends.torch_bridge import TORCH_DTYPE, to_numpy, to_torch
+from polymorph.errors import UserError
+from polymorph.ir.graph import Graph
+from polymorph.ir.shapes import concrete
+from polymorph.kernel_files import Launch, load_choice
+from polymorph.lowering import kernel_spec
+from polymorph.plan import Plan, PlanGroup
+from polymorph.reference import bind_symbols
+from polymorph.target import Target
+
+
+def state_aliases(graph: Graph) -> dict[str, str]:
+    """kv_write result value -> the state tensor it is (writes happen in place)."""
+    alias: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op == "kv_write":
+            cache = node.inputs[0]
+            alias[node.outputs[0]] = cache if cache in graph.state else alias[cache]
+    return alias
+
+
+def build_launches(plan: Plan, artifact_dir: Path | None = None) -> list[tuple[PlanGroup, Launch]]:
+    types = plan.graph.types()
+    target = Target.parse(plan.target)
+    launches = []
+    for group in plan.groups:
+        kernel = load_choice(group.kernel.file, group.kernel.sha256, artifact_dir)
+        spec = kernel_spec(plan.graph, group, types, target)
+        launches.append((group, kernel.build(spec, group.kernel.config, target)))
+    return launches
+
+
+class CpuExecutable(Executable):
+    def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray], *, poison: bool = False,
+                 artifact_dir: Path | None = None) -> None:  # fmt: skip
+        self.plan = plan
+        self.graph = plan.graph
+        self.poison = poison  # fill every output with NaN before its kernel runs (verify mode)
+        self.types = self.graph.types()
+        self.alias = state_aliases(self.graph)
+        missing = set(self.graph.params) - set(weights)
+        if missing:
+            raise UserError(f"weights for {len(missing)} params are missing, e.g. `{sorted(missing)[0]}`")
+        self.params = {name: to_torch(weights[name]) for name in self.graph.params}
+        self.state: dict[str, torch.Tensor] = {}
+        self.launches = build_launches(plan, artifact_dir)
+
+    def allocate_state(self, cache_blocks: int) -> None:
+        self.state = {
+            name: torch.zeros(concrete(t.shape, {"cache_blocks": cache_blocks}), dtype=TORCH_DTYPE[t.dtype])
+            for name, t in self.graph.state.items()
+        }
+
+    def swap(self, group_id: str, launch: Launch) -> None:
+        """Replace one group's launch (hot reload); weights and state stay as they are."""
+        for i, (group, _) in enumerate(self.launches):
+            if group.id == group_id:
+                self.launches[i] = (group, launch)
+                return
+        raise UserError(f"no node group `{group_id}` in this plan")
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.state:
+            raise UserError("allocate_state(cache_blocks) must run before the first step")
+        leaves = {**{k: _meta(v) for k, v in self.params.items()}, **{k: _meta(v) for k, v in self.state.items()}}
+        leaves.update(inputs)
+        bindings = bind_symbols(self.graph, leaves)
+        env: dict[str, torch.Tensor] = {**self.params, **self.state}
+        env.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()})
+        with torch.inference_mode():
+            for group, launch in self.launches:
+                outs = [self._output(v, bindings) for v in group.outputs]
+                launch([env[v] for v in group.inputs], outs, None)
+                env.update(zip(group.outputs, outs, strict=True))
+        return {name: to_numpy(env[v]) for name, v in self.graph.outputs.items()}
+
+    def _output(self, value: str, bindings: dict[str, int]) -> torch.Tensor:
+        if value in self.alias:
+            return self.state[self.alias[value]]
+        t = self.types[value]
+        out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype])
+        if self.poison:
+            out.fill_(float("nan") if t.dtype.is_float else -(2**30))
+        return out
+
+    def read_state(self, name: str) -> np.ndarray:
+        return to_numpy(self.state[name])
+
+    def weight(self, name: str) -> torch.Tensor:
+        return self.params[name]
+
+
+def _meta(t: torch.Tensor) -> np.ndarray:
+    """A zero-size stand-in with the tensor's dtype and shape, so shape binding needs no copy."""
+    dtype = next(d for d, td in TORCH_DTYPE.items() if td == t.dtype)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype=dtype.numpy), shape=tuple(t.shape), strides=(0,) * t.dim())

@@ -1,0 +1,51 @@
+"""numpy <-> torch tensors for the backends that run on torch (cpu today; cuda and rocm share it).
+
+bf16 and fp8 arrays (ml_dtypes) cross by reinterpreting their bits, never through float32, so a
+weight arrives bit-exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from polymorph.ir.dtypes import DType
+
+TORCH_DTYPE = {
+    DType.F32: torch.float32,
+    DType.BF16: torch.bfloat16,
+    DType.F16: torch.float16,
+    DType.F8E4M3: torch.float8_e4m3fn,
+    DType.F8E5M2: torch.float8_e5m2,
+    DType.I32: torch.int32,
+    DType.I64: torch.int64,
+    DType.BOOL: torch.bool,
+}
+_BITS = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.int16)}
+
+
+def to_torch(arr: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
+    dtype = DType.of(arr)
+    arr = np.ascontiguousarray(arr)
+    if dtype in (DType.BF16, DType.F8E4M3, DType.F8E5M2):
+        np_bits, torch_bits = _BITS[dtype.itemsize]
+        bits = torch.from_numpy(arr.view(np_bits).astype(np_bits, copy=True))
+        if torch_bits is torch.int16:
+            bits = bits.view(torch.int16)
+        tensor = bits.view(TORCH_DTYPE[dtype])
+    else:
+        tensor = torch.from_numpy(arr.copy())
+    return tensor.to(device)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    t = tensor.detach().to("cpu").contiguous()
+    for dtype, torch_dtype in TORCH_DTYPE.items():
+        if t.dtype == torch_dtype:
+            break
+    else:
+        raise TypeError(f"torch dtype {t.dtype} has no IR dtype")
+    if dtype in (DType.BF16, DType.F8E4M3, DType.F8E5M2):
+        bits = t.view(torch.int16 if dtype.itemsize == 2 else torch.uint8).numpy()
+        return bits.view(dtype.numpy).copy()
+    return t.numpy().copy()

@@ -1,0 +1,1 @@
+"""Kernel source files, installed as `polymorph.kernels`; loaded by path, never imported as modules."""

@@ -1,0 +1,156 @@
+"""Kernel files: the unit a backend's plan names, an agent proposes, and the engine hot-reloads.
+
+A kernel is a Python file under `kernels/<family>/` exposing:
+  IMPLEMENTS  the op name (from the op table) or fused-pattern name it implements, or a tuple of them
+  CONFIGS     the tunable space: a list of dicts (the first is the default)
+  supports(spec: KernelSpec) -> bool         shapes, dtypes and target it handles
+  build(spec: KernelSpec, config: dict, target: Target) -> launch
+              where launch(inputs, outputs, scratch) runs it: inputs are the group's external inputs
+              in `spec.inputs` order, outputs the preallocated tensors of `spec.outputs` it must write.
+A file is loaded by path as a fresh module every time (the hot-reload primitive) and is named by the
+sha256 of its source, so a plan names exactly the code it was built with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from polymorph.errors import UserError
+from polymorph.ir.graph import Node, TensorType
+from polymorph.target import Target
+
+Launch = Callable[[list[Any], list[Any], Any], None]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a kernel is asked to implement: one node group with its types, for one target."""
+
+    pattern: str
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    types: Mapping[str, TensorType] = field(repr=False)
+    target: Target
+
+    def node(self, op: str) -> Node:
+        """The (first) node of the group with op `op`."""
+        for n in self.nodes:
+            if n.op == op:
+                return n
+        raise KeyError(op)
+
+    def args(self, node: Node) -> list[int]:
+        """Where each input of `node` sits in the launch's `inputs` list (group inputs are deduplicated)."""
+        return [self.inputs.index(v) for v in node.inputs]
+
+    @property
+    def single(self) -> Node:
+        """The node of a single-op group."""
+        assert len(self.nodes) == 1, f"{self.pattern} groups {len(self.nodes)} nodes"
+        return self.nodes[0]
+
+    def attrs(self, node: Node | None = None) -> dict[str, Any]:
+        """The node's attributes with the op table's defaults filled in."""
+        from polymorph.ir.ops import normalize_attrs, op_def
+
+        node = node or self.single
+        return normalize_attrs(op_def(node.op), node.attrs)
+
+    def input_types(self) -> list[TensorType]:
+        return [self.types[v] for v in self.inputs]
+
+    def output_types(self) -> list[TensorType]:
+        return [self.types[v] for v in self.outputs]
+
+
+@dataclass(frozen=True)
+class KernelFile:
+    path: Path
+    sha256: str
+    implements: tuple[str, ...]
+    configs: tuple[dict[str, Any], ...]
+    module: ModuleType = field(repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def supports(self, spec: KernelSpec) -> bool:
+        return spec.pattern in self.implements and bool(self.module.supports(spec))
+
+    def build(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> Launch:
+        return self.module.build(spec, dict(config), target)
+
+
+def kernels_root() -> Path:
+    return Path(str(resources.files("polymorph.kernels")))
+
+
+def source_hash(source: bytes) -> str:
+    return hashlib.sha256(source).hexdigest()
+
+
+def load_kernel(path: str | Path) -> KernelFile:
+    """Load a kernel file as a fresh module; UserError naming the file if it breaks the contract."""
+    path = Path(path)
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the kernel file ({e.strerror})") from None
+    digest = source_hash(source)
+    mod_name = f"polymorph_kernel_{path.stem}_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a candidate's own code: report it, never crash the caller
+        sys.modules.pop(mod_name, None)
+        raise UserError(f"{path}: the kernel file fails to import: {type(e).__name__}: {e}") from None
+    for attr in ("IMPLEMENTS", "CONFIGS", "supports", "build"):
+        if not hasattr(module, attr):
+            raise UserError(f"{path}: a kernel file must define `{attr}` (see polymorph/kernel_files.py)")
+    implements = module.IMPLEMENTS
+    implements = (implements,) if isinstance(implements, str) else tuple(implements)
+    configs = tuple(dict(c) for c in module.CONFIGS)
+    if not configs:
+        raise UserError(f"{path}: CONFIGS is empty; give at least the default config")
+    return KernelFile(path, digest, implements, configs, module)
+
+
+def kernel_library(family: str) -> list[KernelFile]:
+    """Every kernel file shipped for a family (`kernels/<family>/*.py`), freshly loaded."""
+    folder = kernels_root() / family
+    if not folder.is_dir():
+        return []
+    return [load_kernel(p) for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")]
+
+
+def load_choice(file: str, sha256: str, artifact_dir: Path | None = None) -> KernelFile:
+    """The kernel a plan names: the copy in a compile output when there is one, else the library file.
+    The content hash must match; a changed file is an error, never a silent substitution."""
+    candidates = []
+    if artifact_dir is not None:
+        candidates.append(artifact_dir / "kernels" / f"{sha256}.py")
+    path = Path(file)
+    candidates.append(path if path.is_absolute() else kernels_root() / path)
+    for candidate in candidates:
+        if candidate.is_file():
+            kernel = load_kernel(candidate)
+            if kernel.sha256 != sha256:
+                raise UserError(
+                    f"{candidate}: kernel source changed since the plan was made "
+                    f"(sha256 {kernel.sha256[:12]} != {sha256[:12]}); recompile the plan"
+                )
+            return kernel
+    raise UserError(f"kernel `{file}` ({sha256[:12]}) not found in {', '.join(map(str, candidates))}")

@@ -1,0 +1,96 @@
+"""Lowering onto a kernel library: the part of `Backend.lower` that every kernel-file backend shares.
+
+The graph is cut into node groups by the fusion patterns the backend opts into; each group gets the
+first kernel of the backend's library that implements its pattern and supports its shapes. A fused
+group that no kernel takes is split into single-op groups; an op that no kernel takes is an error
+naming the op and the backends that have one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from polymorph.errors import UserError
+from polymorph.hw import Profile
+from polymorph.ir.graph import Graph, TensorType
+from polymorph.ir.spec import verify
+from polymorph.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
+from polymorph.passes import NodeGroup, Pattern, fuse, single_groups
+from polymorph.plan import KernelChoice, Plan, PlanGroup
+from polymorph.target import Target
+
+
+def kernel_spec(
+    graph: Graph, group: NodeGroup | PlanGroup, types: Mapping[str, TensorType], target: Target
+) -> KernelSpec:
+    by_name = {n.name: n for n in graph.nodes}
+    return KernelSpec(
+        pattern=group.pattern,
+        nodes=tuple(by_name[n] for n in group.nodes),
+        inputs=tuple(group.inputs),
+        outputs=tuple(group.outputs),
+        types=types,
+        target=target,
+    )
+
+
+def kernel_path(kernel: KernelFile) -> str:
+    root = kernels_root()
+    try:
+        return str(kernel.path.relative_to(root))
+    except ValueError:
+        return str(kernel.path)  # a candidate outside the library keeps its absolute path
+
+
+def choose_kernel(library: Sequence[KernelFile], spec: KernelSpec) -> KernelFile | None:
+    for kernel in library:
+        if kernel.supports(spec):
+            return kernel
+    return None
+
+
+def lower_onto_library(
+    backend_name: str,
+    family: str,
+    graph: Graph,
+    profile: Profile,
+    patterns: Sequence[Pattern],
+    *,
+    library: Sequence[KernelFile] | None = None,
+    library_call: Mapping[str, str] | None = None,
+    model: str = "",
+) -> Plan:
+    """Plan `graph` onto `family`'s kernels (or `library`). `library_call` maps a kernel file name to
+    the vendor library it calls, for the report."""
+    types = verify(graph)
+    library = list(kernel_library(family) if library is None else library)
+    library_call = dict(library_call or {})
+    chosen: list[PlanGroup] = []
+
+    def plan_group(group: NodeGroup, kernel: KernelFile) -> PlanGroup:
+        config: dict[str, Any] = dict(kernel.configs[0])
+        choice = KernelChoice(kernel_path(kernel), kernel.sha256, config, library_call.get(kernel.name))
+        return PlanGroup(group.id, group.pattern, tuple(group.nodes), tuple(group.inputs), tuple(group.outputs), choice)
+
+    for group in fuse(graph, patterns):
+        kernel = choose_kernel(library, kernel_spec(graph, group, types, profile.target))
+        if kernel is not None:
+            chosen.append(plan_group(group, kernel))
+            continue
+        for single in single_groups(graph, group):
+            kernel = choose_kernel(library, kernel_spec(graph, single, types, profile.target))
+            if kernel is None:
+                from polymorph.backend import registry
+
+                op = single.pattern
+                others = [b for b in registry.supporting(op) if b != backend_name]
+                where = ", ".join(others) if others else "none yet"
+                node = graph.node(single.nodes[0])
+                shapes = ", ".join(str(types[v]) for v in node.inputs)
+                raise UserError(
+                    f"op `{op}` (node `{node.name}`, inputs {shapes}) has no kernel for {backend_name} "
+                    f"on {profile.target}; backends that support it: {where}"
+                )
+            chosen.append(plan_group(single, kernel))
+    return Plan(backend_name, str(profile.target), profile.id, graph, {}, chosen, model=model or graph.name)
