@@ -16,7 +16,7 @@ from polymorph.hw import Profile
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.spec import verify
 from polymorph.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
-from polymorph.passes import NodeGroup, Pattern, fuse, single_groups
+from polymorph.passes import NodeGroup, Pattern, fuse
 from polymorph.plan import KernelChoice, Plan, PlanGroup
 from polymorph.target import Target
 
@@ -33,6 +33,15 @@ def kernel_spec(
         types=types,
         target=target,
     )
+
+
+def single_groups(graph: Graph, group: NodeGroup) -> list[NodeGroup]:
+    """A fused group cut back into one group per node (when no kernel takes the fused pattern)."""
+    by_name = {n.name: n for n in graph.nodes}
+    return [
+        NodeGroup(name, by_name[name].op, (name,), tuple(dict.fromkeys(by_name[name].inputs)), by_name[name].outputs)
+        for name in group.nodes
+    ]
 
 
 def kernel_path(kernel: KernelFile) -> str:

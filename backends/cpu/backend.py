@@ -11,9 +11,13 @@ from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, che
 from polymorph.hw import Profile
 from polymorph.ir.graph import Graph
 from polymorph.lowering import lower_onto_library
-from polymorph.passes import CPU_PATTERNS
+from polymorph.passes import select_patterns
 from polymorph.plan import Plan
 from polymorph.predict import plan_report
+
+
+# The fusions kernels/torch/ has kernels for: one less round trip through memory per pattern.
+CPU_PATTERNS = ("linear+silu*mul", "linear+residual")
 
 
 class CpuBackend(Backend):
@@ -33,7 +37,8 @@ class CpuBackend(Backend):
     def lower(self, graph: Graph, profile: Profile) -> Plan:
         check_profile(self, profile)
         library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
-        return lower_onto_library(self.name, self.family, graph, profile, CPU_PATTERNS, library_call=library_call)
+        return lower_onto_library(self.name, self.family, graph, profile, select_patterns(CPU_PATTERNS),
+                                  library_call=library_call)  # fmt: skip
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
         """The cpu 'device code' is the kernel sources themselves: each one is built once here (so a

@@ -42,6 +42,7 @@ class Model:
 
     name: str
     graph: Graph
+    source: str  # what load_model takes to build this model again (zoo name, or absolute path)
     config: ModelConfig | None = None
     checkpoint: Path | None = None
     seed: int = 0
@@ -121,22 +122,24 @@ def load_model(spec: str | Path, *, dtype: str | DType | None = None, all_logits
     text = str(spec)
     path = Path(text)
     if text in zoo_names():
-        cfg, checkpoint, name = zoo_config(text), None, text
+        cfg, checkpoint, name, source = zoo_config(text), None, text, text
     elif path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"{path}: a model directory needs a config.json (Hugging Face layout)")
-        cfg, checkpoint, name = load_config(path), path, path.name
-        has_weights = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+        cfg, name, source = load_config(path), path.name, str(path.resolve())
+        has_weights = (path / "model.safetensors").exists() or (
+            path / "model.safetensors.index.json"
+        ).exists()
         checkpoint = path if has_weights else None
     elif path.suffix == ".json" and path.is_file():
         graph = serialize.load(path)
         verify(graph)
-        return Model(name=graph.name, graph=graph, seed=seed)
+        return Model(name=graph.name, graph=graph, source=str(path.resolve()), seed=seed)
     else:
         raise UserError(
             f"unknown model `{text}`: not a zoo name, a model directory or an IR .json file; "
             f"zoo models: {', '.join(zoo_names())}"
         )
     graph = build_decoder(cfg, name=name, dtype=dt, block_size=block_size, all_logits=all_logits)
-    return Model(name=name, graph=graph, config=cfg, checkpoint=checkpoint, seed=seed)
-
+    graph.meta["seed"] = seed
+    return Model(name=name, graph=graph, source=source, config=cfg, checkpoint=checkpoint, seed=seed)

@@ -1,0 +1,5 @@
+import sys
+
+from polymorph.cli import main
+
+sys.exit(main())

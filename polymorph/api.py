@@ -1,0 +1,118 @@
+"""polymorph's Python API: the same operations as the CLI.
+
+    import polymorph
+    model = polymorph.load_model("llama-tiny")
+    artifact = polymorph.compile(model, backend="cpu", out="build/")
+    exe = polymorph.load(artifact, model)
+    result = polymorph.verify(model, backend="cpu")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from polymorph.backend import Artifact, Executable, registry
+from polymorph.errors import UserError
+from polymorph.hw import load_profile
+from polymorph.ir import serialize
+from polymorph.knobs import knobs
+from polymorph.models import Model, load_model
+from polymorph.passes import bucket_bindings
+from polymorph.plan import Plan
+from polymorph.session import Generation, ReferenceExecutable, Sampler, generate
+from polymorph.traffic import TrafficShape
+from polymorph.verify import VerifyResult, verify_executable
+
+
+@dataclass(frozen=True)
+class Bucket:
+    batch: int
+    ctx: int
+    weight: float = 1.0
+
+
+def as_model(model: str | Path | Model, **options: object) -> Model:
+    return model if isinstance(model, Model) else load_model(model, **options)  # type: ignore[arg-type]
+
+
+def pick_bucket(batch: int | None, ctx: int | None, traffic: str | Path | None) -> Bucket:
+    """The traffic bucket a plan is specialized and predicted for: --batch/--ctx, or the heaviest
+    bucket of a traffic file (default batch 1 at 1024 tokens of context: batch-1 decode)."""
+    if traffic is not None:
+        if batch is not None or ctx is not None:
+            raise UserError("give either --traffic or --batch/--ctx, not both")
+        shape = TrafficShape.load(traffic)
+        top = max(shape.buckets(), key=lambda b: b.weight)
+        return Bucket(top.batch, top.ctx_hi, top.weight)
+    batch, ctx = batch or 1, ctx or 1024
+    if batch < 1 or ctx < 1:
+        raise UserError("--batch and --ctx must be positive")
+    return Bucket(batch, ctx)
+
+
+def compile(
+    model: str | Path | Model,
+    backend: str | None = None,
+    target: str | None = None,
+    out: str | Path | None = None,
+    *,
+    batch: int | None = None,
+    ctx: int | None = None,
+    traffic: str | Path | None = None,
+) -> Artifact:
+    """Lower and compile `model` for `target` (a profile id; default: the backend's first chip).
+
+    Needs no device. Costs and predicted times in the report are for one decode step at the bucket.
+    """
+    m = as_model(model)
+    b = registry.get(backend or knobs.backend)
+    profile = load_profile(target or b.targets[0], knobs.calibration_dir)
+    bucket = pick_bucket(batch, ctx, traffic)
+    plan = b.lower(m.graph, profile)
+    plan.model = m.source
+    plan.bindings = bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx)
+    return b.compile(plan, Path(out) if out is not None else None)
+
+
+def load(artifact: Artifact, model: str | Path | Model | None = None) -> Executable:
+    """Load a compiled plan with its model's weights on the backend's device."""
+    plan = artifact.plan
+    meta = plan.graph.meta
+    options = {k: meta[k] for k in ("dtype", "block_size", "all_logits", "seed") if k in meta}
+    m = as_model(model if model is not None else plan.model, **options)
+    if serialize.content_hash(m.graph) != serialize.content_hash(plan.graph):
+        raise UserError(f"model `{m.name}` no longer builds the graph this plan was compiled from; recompile")
+    return registry.get(plan.backend).load(artifact, m.weights())
+
+
+def load_compiled(out_dir: str | Path) -> Artifact:
+    """A compile output directory (plan.json, graph.json, kernels/) as an Artifact."""
+    out_dir = Path(out_dir)
+    plan = Plan.load(out_dir)
+    b = registry.get(plan.backend)
+    artifact = b.compile(plan)  # rebuilds the report and checks every kernel still builds
+    artifact.out_dir = out_dir
+    return artifact
+
+
+def run(model: str | Path | Model, prompt: list[int], *, backend: str | None = None, new_tokens: int = 16,
+        sampler: Sampler | None = None) -> Generation:  # fmt: skip
+    """Generate `new_tokens` after `prompt` (token ids). MODEL may be a compile output directory."""
+    path = Path(str(model)) if not isinstance(model, Model) else None
+    if path is not None and (path / "plan.json").exists():
+        artifact = load_compiled(path)
+    else:
+        artifact = compile(model, backend)
+    exe = load(artifact, model if isinstance(model, Model) else None)
+    return generate(exe, artifact.plan.graph, prompt, new_tokens, sampler or Sampler())
+
+
+def verify(model: str | Path | Model, backend: str | None = None, *, seed: int | None = None) -> VerifyResult:
+    """Teacher-forced logits of `backend` against the reference engine on fresh random tokens."""
+    m = as_model(model)
+    artifact = compile(m, backend)
+    candidate = registry.get(artifact.plan.backend).load(artifact, m.weights())
+    if hasattr(candidate, "poison"):
+        candidate.poison = True  # outputs start as NaN: a kernel that skips writing cannot pass
+    return verify_executable(candidate, ReferenceExecutable(m.graph, m.weights()), m.graph, seed=seed)

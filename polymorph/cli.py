@@ -1,0 +1,308 @@
+"""The `polymorph` command line. Every command is a thin layer over polymorph.api.
+
+Exit codes: 0 done; 1 a check failed (verify mismatch); 2 bad input, bad usage or a missing
+dependency, reported in one line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from polymorph import console
+from polymorph.errors import CheckFailed, MissingDependency, UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # One line, exit 2: argparse's default prints the whole usage block first.
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _version() -> str:
+    from polymorph import __version__
+
+    return __version__
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from polymorph.backend import registry
+
+    rows = []
+    for name, backend, failure in registry.available():
+        if backend is None:
+            rows.append((name, "-", "no", "no", "no", f"failed to load: {failure}"))
+            continue
+        p = backend.probe()
+        why = "; ".join(f"{k}: {c.reason}" for k, c in (("compile", p.compile), ("run", p.run),
+                                                          ("measure", p.measure)) if not c.ok)  # fmt: skip
+        mark = {True: "yes", False: "no"}
+        rows.append((name, ", ".join(backend.targets), mark[p.compile.ok], mark[p.run.ok], mark[p.measure.ok],
+                     why or p.run.reason))  # fmt: skip
+    console.table("backends", ["backend", "chips", "compile", "run", "measure", "notes"], rows)
+    return 0
+
+
+def _step_cost(model_name: str, dtype: str, batch: int, ctx: int) -> tuple[float, float, float]:
+    """(FLOPs, bytes, weight bytes) of one decode step of `model_name` at batch and context."""
+    from polymorph.ir.ops import node_cost
+    from polymorph.ir.shapes import numel
+    from polymorph.models import load_model
+    from polymorph.passes import bucket_bindings
+
+    m = load_model(model_name, dtype=dtype)
+    g = m.graph
+    bindings = bucket_bindings(g, batch=batch, ctx=ctx)
+    types = g.types()
+    flops = nbytes = 0.0
+    for n in g.nodes:
+        c = node_cost(n, [types[v] for v in n.inputs], [types[v] for v in n.outputs], bindings)
+        flops, nbytes = flops + c.flops, nbytes + c.bytes
+    weights = float(sum(numel(t.shape) * t.dtype.itemsize for t in g.params.values()))
+    return flops, nbytes, weights
+
+
+def cmd_hw(args: argparse.Namespace) -> int:
+    from polymorph.hw import list_profiles, load_profile, roofline_seconds
+    from polymorph.knobs import knobs
+
+    if args.chip is None:
+        rows = []
+        for pid in list_profiles():
+            p = load_profile(pid, knobs.calibration_dir)
+            bf16, bw = p.peak_flops("bf16"), p.memory_bandwidth()
+            rows.append((pid, p.name, p.target, console.quantity(bf16, "FLOP/s") if bf16 else "-",
+                         console.quantity(bw, "B/s") if bw else "-"))  # fmt: skip
+        console.table("hardware profiles", ["chip", "name", "target", "bf16 dense", "memory bandwidth"], rows)
+        return 0
+    p = load_profile(args.chip, knobs.calibration_dir)
+    console.table(f"{p.id}: {p.name} ({p.target})", ["figure", "value", "source"], p.describe())
+    if args.model:
+        flops, nbytes, weights = _step_cost(args.model, args.dtype, args.batch, args.ctx)
+        roof = roofline_seconds(p, flops, nbytes, args.dtype)
+        console.line(
+            f"{args.model} ({args.dtype}), one decode step at batch {args.batch}, context {args.ctx}, on {p.id}:\n"
+            f"  bytes moved {console.quantity(nbytes, 'B')} (weights {console.quantity(weights, 'B')}), "
+            f"FLOPs {console.quantity(flops, 'FLOP')}\n"
+            f"  roofline floor {console.seconds(roof.floor_s)} ({roof.bound}-bound: memory "
+            f"{console.seconds(roof.memory_s)}, compute {console.seconds(roof.compute_s)}) = "
+            f"{args.batch / roof.floor_s:,.0f} tokens/s at most"
+        )
+    return 0
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from polymorph.ir import format_graph, to_json
+    from polymorph.models import load_model
+
+    m = load_model(args.model, dtype=args.dtype)
+    console.line(to_json(m.graph) if args.json else format_graph(m.graph))
+    return 0
+
+
+def _default_dtype(backend: str) -> str:
+    return "f32" if backend == "cpu" else "bf16"
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from polymorph import api
+    from polymorph.knobs import knobs
+    from polymorph.models import load_model
+
+    backend = args.backend or knobs.backend
+    model = load_model(args.model, dtype=args.dtype or _default_dtype(backend))
+    artifact = api.compile(model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx,
+                           traffic=args.traffic)  # fmt: skip
+    r = artifact.report
+    rows = [(k.group, k.kernel.split("@")[0], k.library or "-", console.quantity(k.bytes, "B"),
+             console.seconds(k.predicted_s)) for k in r.kernels]  # fmt: skip
+    shown = rows if args.verbose or len(rows) <= 40 else rows[:30] + [("...", f"{len(rows) - 30} more", "", "", "")]
+    console.table(f"{model.name} -> {r.backend} {r.target} ({len(r.kernels)} kernels)",
+                  ["group", "kernel", "library", "bytes", "predicted"], shown)  # fmt: skip
+    console.line(f"predicted step time at {r.bindings}: {console.seconds(r.predicted_step_s)} ({r.prediction})")
+    for w in r.warnings:
+        console.warn(w)
+    if args.out:
+        console.line(f"wrote {args.out}/plan.json, report.json, graph.json and {len(artifact.files)} kernel files")
+    return 0
+
+
+def _prompt_tokens(args: argparse.Namespace):
+    if args.text is not None:
+        if args.tokenizer is None:
+            raise UserError("--text needs --tokenizer tokenizer.json (or give token ids with --prompt)")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise MissingDependency("tokenizers", "text", "--tokenizer") from None
+        try:
+            tok = Tokenizer.from_file(str(args.tokenizer))
+        except Exception as e:
+            raise UserError(f"{args.tokenizer}: cannot read the tokenizer ({e})") from None
+        return tok.encode(args.text).ids, tok
+    try:
+        ids = [int(t) for t in args.prompt.replace(",", " ").split()]
+    except ValueError:
+        raise UserError(f"--prompt takes token ids separated by spaces or commas, got {args.prompt!r}") from None
+    return ids, None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from polymorph import api
+    from polymorph.knobs import knobs
+    from polymorph.session import Sampler
+
+    prompt, tokenizer = _prompt_tokens(args)
+    compiled = (Path(args.model) / "plan.json").exists()
+    backend = args.backend or knobs.backend
+    model = args.model if compiled else api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
+    gen = api.run(model, prompt, backend=None if compiled else backend, new_tokens=args.new_tokens,
+                  sampler=Sampler(args.temperature, args.top_p, args.seed))  # fmt: skip
+    console.line("tokens: " + " ".join(map(str, gen.tokens)))
+    if tokenizer is not None:
+        console.line("text: " + tokenizer.decode(gen.tokens))
+    console.line(f"prefill {len(prompt)} tokens in {console.seconds(gen.prefill_s)}; decode {gen.tokens_per_s:.1f} tokens/s")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from polymorph import api
+    from polymorph.knobs import knobs
+
+    backend = args.backend or knobs.backend
+    model = api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
+    result = api.verify(model, backend, seed=args.seed)
+    rows = [(s.step, "ok" if s.comparison.ok else "MISMATCH", f"{s.comparison.max_abs:.3g}",
+             f"{s.comparison.mismatched}/{s.comparison.total}") for s in result.steps]  # fmt: skip
+    console.table(f"verify {model.name} on {backend} against the reference (rtol {result.tolerance.rtol}, "
+                  f"atol {result.tolerance.atol})", ["step", "result", "max abs err", "out of tolerance"], rows)  # fmt: skip
+    bad = result.first_failure()
+    if bad is not None:
+        raise CheckFailed(f"{model.name} on {backend}: {bad.step}: {bad.comparison}")
+    console.line(f"{model.name} on {backend}: logits match the reference at every step")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from polymorph import api
+    from polymorph.backend import registry
+    from polymorph.models import load_model
+    from polymorph.session import Sampler
+
+    model = load_model("llama-tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.out) if args.out else Path(tmp) / "llama-tiny-cpu"
+        artifact = api.compile(model, "cpu", out=out)
+        console.line(f"1. compiled llama-tiny for cpu: {len(artifact.plan.groups)} kernels -> {out}")
+        gen = api.run(out, [1, 2, 3, 4], new_tokens=8, sampler=Sampler())
+        console.line(f"2. ran it from {out.name}/: prompt [1, 2, 3, 4] -> {gen.tokens} ({gen.tokens_per_s:.0f} tokens/s)")
+    result = api.verify(model, "cpu")
+    worst = max(s.comparison.max_abs for s in result.steps)
+    console.line(f"3. verified against the reference engine: {'ok' if result.ok else 'MISMATCH'} "
+                 f"over {len(result.steps)} steps (max abs err {worst:.2g})")  # fmt: skip
+    step = 4
+    for backend, chip in (("cuda", "h200"), ("rocm", "mi355x"), ("neuron", "trn2")):
+        b = registry.get(backend)
+        probe = b.probe()
+        if not probe.compile.ok:
+            console.line(f"{step}. {backend} for {chip}: not compiled here: {probe.compile.reason}")
+        else:
+            a = api.compile(load_model("llama-tiny", dtype="bf16"), backend, chip)
+            console.line(f"{step}. compiled llama-tiny for {chip} ({a.plan.target}): {len(a.plan.groups)} kernels, "
+                         f"predicted step {console.seconds(a.report.predicted_step_s)}")  # fmt: skip
+        step += 1
+    if not result.ok:
+        raise CheckFailed("the demo's verify step failed")
+    return 0
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    from polymorph.knobs import knobs
+
+    rows = [(k.env, k.kind, k.default, k.value, k.doc) for k in knobs.describe()]
+    console.table("knobs (environment variables)", ["variable", "type", "default", "value", "meaning"], rows)
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="polymorph", description="Compile, run, verify and tune ML inference on any chip.")
+    p.add_argument("--version", action="version", version=f"polymorph {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, fn, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help)
+        c.set_defaults(fn=fn)
+        return c
+
+    command("backends", cmd_backends, "list backends and what works on this machine")
+    c = command("hw", cmd_hw, "show hardware profiles, and a model's decode roofline on one")
+    c.add_argument("chip", nargs="?", help="profile id (h100, h200, b200, gb300, mi300x, mi355x, trn2, cpu)")
+    c.add_argument("--model", help="print the roofline floor of this model's decode step on the chip")
+    c.add_argument("--dtype", default="bf16", help="weight dtype for --model (default bf16)")
+    c.add_argument("--batch", type=int, default=1)
+    c.add_argument("--ctx", type=int, default=1024, help="context length of the decode step (default 1024)")
+    c = command("graph", cmd_graph, "print a model's graph (readable text, or --json)")
+    c.add_argument("model")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--dtype", default="f32")
+
+    def model_args(c: argparse.ArgumentParser) -> None:
+        c.add_argument("model", help="zoo name, Hugging Face model directory, or IR .json file")
+        c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
+        c.add_argument("--dtype", help="weight and activation dtype (default f32 on cpu, bf16 elsewhere)")
+
+    c = command("compile", cmd_compile, "lower and compile a model; write plan.json, report.json and device code")
+    model_args(c)
+    c.add_argument("--target", help="chip profile id (default: the backend's first)")
+    c.add_argument("--out", help="output directory")
+    c.add_argument("--batch", type=int)
+    c.add_argument("--ctx", type=int)
+    c.add_argument("--traffic", help="traffic shape TOML; the plan is predicted for its heaviest bucket")
+    c.add_argument("-v", "--verbose", action="store_true", help="list every kernel")
+    c = command("run", cmd_run, "generate tokens from a model or a compile output directory")
+    model_args(c)
+    c.add_argument("--prompt", default="1", help="prompt as token ids (default: 1)")
+    c.add_argument("--text", help="prompt as text (needs --tokenizer)")
+    c.add_argument("--tokenizer", help="a tokenizer.json (Hugging Face tokenizers)")
+    c.add_argument("--new-tokens", type=int, default=16)
+    c.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--seed", type=int, default=0, help="sampling seed")
+    c = command("verify", cmd_verify, "check a backend's logits against the reference engine (exit 1 on mismatch)")
+    model_args(c)
+    c.add_argument("--seed", type=int, help="token seed (default: fresh random tokens every run)")
+    c = command("demo", cmd_demo, "compile, run and verify a tiny Llama; compile it for other chips")
+    c.add_argument("--out", help="keep the cpu compile output here")
+    command("knobs", cmd_knobs, "list the POLYMORPH_* environment variables")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "fn", None):
+            parser.print_help()
+            return 2
+        return args.fn(args)
+    except UserError as e:
+        print(f"polymorph: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except CheckFailed as e:
+        print(f"polymorph: check failed: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Test-suite settings: hypothesis profiles and lazy skips for device-marked tests.
+
+HYPOTHESIS_PROFILE picks the profile: `dev` (default) or `ci` (what `nox -s tests` sets).
+
+A test marked `cuda`, `rocm` or `neuron` is skipped, with the reason, unless that device is here.
+Nothing is probed at import: a device is looked for once, and only when a test with its marker has
+been collected.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+try:
+    from hypothesis import settings
+except ImportError:  # the hypothesis tests then fail on their own import; the rest still run
+    settings = None
+
+if settings is not None:
+    settings.register_profile("ci", max_examples=50, deadline=None, derandomize=False, print_blob=True)
+    settings.register_profile("dev", max_examples=20, deadline=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@functools.cache
+def _torch_gpu_absent(want_hip: bool) -> str | None:
+    """Why torch sees no GPU of the wanted kind here, or None when it does."""
+    vendor = "an AMD GPU under ROCm" if want_hip else "an NVIDIA GPU"
+    try:
+        import torch
+    except ImportError as exc:
+        return f"needs {vendor}: torch is not importable ({exc})"
+    build = "ROCm" if torch.version.hip else "CUDA" if torch.version.cuda else "CPU-only"
+    if build != ("ROCm" if want_hip else "CUDA"):
+        return f"needs {vendor}: torch {torch.__version__} is a {build} build"
+    # ROCm builds of torch answer through torch.cuda too; the build check above tells them apart.
+    if not torch.cuda.is_available():
+        return (
+            f"needs {vendor}: torch {torch.__version__} sees no device (torch.cuda.is_available() is False)"
+        )
+    return None
+
+
+@functools.cache
+def _neuron_absent() -> str | None:
+    if Path("/dev/neuron0").exists():
+        return None
+    return "needs an AWS Trainium device: /dev/neuron0 does not exist"
+
+
+_DEVICE_MARKERS: dict[str, Callable[[], str | None]] = {
+    "cuda": lambda: _torch_gpu_absent(want_hip=False),
+    "rocm": lambda: _torch_gpu_absent(want_hip=True),
+    "neuron": _neuron_absent,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker, absent in _DEVICE_MARKERS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            reason = absent()
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
