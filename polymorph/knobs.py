@@ -274,6 +274,10 @@ class Knobs:
         "machine memory (GB) assumed by the 'model too large' check; unset: the machine's own",
         positive=True,
     )
+    cpu_threads = IntKnob(
+        "POLYMORPH_CPU_THREADS", None, "torch threads of the cpu backend; unset: 1 for small models, else all cores",
+        minimum=1,
+    )
     plain = BoolKnob("POLYMORPH_PLAIN", False, "force plain CLI output (no colours, tables or live progress)")
 
     def __init__(self) -> None:

@@ -38,6 +38,7 @@ def test_every_requested_variable_is_a_knob() -> None:
         "POLYMORPH_SEED",
         "POLYMORPH_KV_BLOCK_SIZE",
         "POLYMORPH_MEMORY_LIMIT_GB",
+        "POLYMORPH_CPU_THREADS",
         "POLYMORPH_PLAIN",
     }
 
