@@ -85,15 +85,43 @@ def cmd_hw(args: argparse.Namespace) -> int:
     console.table(f"{p.id}: {p.name} ({p.target})", ["figure", "value", "source"], p.describe())
     if args.model:
         flops, nbytes, weights = _step_cost(args.model, args.dtype, args.batch, args.ctx)
-        roof = roofline_seconds(p, flops, nbytes, args.dtype)
         console.line(
             f"{args.model} ({args.dtype}), one decode step at batch {args.batch}, context {args.ctx}, on {p.id}:\n"
             f"  bytes moved {console.quantity(nbytes, 'B')} (weights {console.quantity(weights, 'B')}), "
-            f"FLOPs {console.quantity(flops, 'FLOP')}\n"
+            f"FLOPs {console.quantity(flops, 'FLOP')}"
+        )
+        try:
+            roof = roofline_seconds(p, flops, nbytes, args.dtype)
+        except UserError as e:  # a profile without figures (cpu before calibration) cannot say more
+            console.line(f"  roofline floor: unknown: {e}")
+            return 0
+        source = "measured calibration" if p.calibration is not None else "vendor figures"
+        console.line(
             f"  roofline floor {console.seconds(roof.floor_s)} ({roof.bound}-bound: memory "
-            f"{console.seconds(roof.memory_s)}, compute {console.seconds(roof.compute_s)}) = "
+            f"{console.seconds(roof.memory_s)}, compute {console.seconds(roof.compute_s)}; {source}) = "
             f"{args.batch / roof.floor_s:,.0f} tokens/s at most"
         )
+    return 0
+
+
+def cmd_microbench(args: argparse.Namespace) -> int:
+    from polymorph.hw import default_calibration_dir
+    from polymorph.knobs import knobs
+
+    if args.backend != "cpu":
+        raise UserError(
+            f"microbenchmarks for `{args.backend}` are not built yet (README status table); "
+            "`polymorph microbench --backend cpu` calibrates the host"
+        )
+    from polymorph.backends.cpu.microbench import run_suite, write_calibration
+
+    out = Path(args.out) if args.out else knobs.calibration_dir or default_calibration_dir()
+    if out is None:
+        raise UserError("no calibration directory here; pass --out DIR or set POLYMORPH_CALIBRATION_DIR")
+    results = run_suite()
+    console.table("cpu microbenchmarks", ["figure", "value", "method"],
+                  [(m.name, f"{m.value:.4g} {m.unit}", m.method) for m in results])  # fmt: skip
+    console.line(f"wrote {write_calibration(out, results)}")
     return 0
 
 
@@ -282,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, help="token seed (default: fresh random tokens every run)")
     c = command("demo", cmd_demo, "compile, run and verify a tiny Llama; compile it for other chips")
     c.add_argument("--out", help="keep the cpu compile output here")
+    c = command("microbench", cmd_microbench, "measure this machine and write a calibration file for its profile")
+    c.add_argument("--backend", default="cpu")
+    c.add_argument("--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)")
     command("knobs", cmd_knobs, "list the POLYMORPH_* environment variables")
     return p
 
