@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from polymorph.api import compile, load, load_compiled, run, verify  # noqa: E402
-from polymorph.models import Model, load_model  # noqa: E402
+from polymorph.api import compile, load, load_compiled, run, verify
+from polymorph.models import Model, load_model
 
 __all__ = ["Model", "__version__", "compile", "load", "load_compiled", "load_model", "run", "verify"]

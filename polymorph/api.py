@@ -1,10 +1,10 @@
 """polymorph's Python API: the same operations as the CLI.
 
-    import polymorph
-    model = polymorph.load_model("llama-tiny")
-    artifact = polymorph.compile(model, backend="cpu", out="build/")
-    exe = polymorph.load(artifact, model)
-    result = polymorph.verify(model, backend="cpu")
+import polymorph
+model = polymorph.load_model("llama-tiny")
+artifact = polymorph.compile(model, backend="cpu", out="build/")
+exe = polymorph.load(artifact, model)
+result = polymorph.verify(model, backend="cpu")
 """
 
 from __future__ import annotations
@@ -96,8 +96,14 @@ def load_compiled(out_dir: str | Path) -> Artifact:
     return artifact
 
 
-def run(model: str | Path | Model, prompt: list[int], *, backend: str | None = None, new_tokens: int = 16,
-        sampler: Sampler | None = None) -> Generation:  # fmt: skip
+def run(
+    model: str | Path | Model,
+    prompt: list[int],
+    *,
+    backend: str | None = None,
+    new_tokens: int = 16,
+    sampler: Sampler | None = None,
+) -> Generation:
     """Generate `new_tokens` after `prompt` (token ids). MODEL may be a compile output directory."""
     path = Path(str(model)) if not isinstance(model, Model) else None
     if path is not None and (path / "plan.json").exists():

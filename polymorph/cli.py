@@ -40,11 +40,22 @@ def cmd_backends(args: argparse.Namespace) -> int:
             rows.append((name, "-", "no", "no", "no", f"failed to load: {failure}"))
             continue
         p = backend.probe()
-        why = "; ".join(f"{k}: {c.reason}" for k, c in (("compile", p.compile), ("run", p.run),
-                                                          ("measure", p.measure)) if not c.ok)  # fmt: skip
+        why = "; ".join(
+            f"{k}: {c.reason}"
+            for k, c in (("compile", p.compile), ("run", p.run), ("measure", p.measure))
+            if not c.ok
+        )
         mark = {True: "yes", False: "no"}
-        rows.append((name, ", ".join(backend.targets), mark[p.compile.ok], mark[p.run.ok], mark[p.measure.ok],
-                     why or p.run.reason))  # fmt: skip
+        rows.append(
+            (
+                name,
+                ", ".join(backend.targets),
+                mark[p.compile.ok],
+                mark[p.run.ok],
+                mark[p.measure.ok],
+                why or p.run.reason,
+            )
+        )
     console.table("backends", ["backend", "chips", "compile", "run", "measure", "notes"], rows)
     return 0
 
@@ -77,8 +88,15 @@ def cmd_hw(args: argparse.Namespace) -> int:
         for pid in list_profiles():
             p = load_profile(pid, knobs.calibration_dir)
             bf16, bw = p.peak_flops("bf16"), p.memory_bandwidth()
-            rows.append((pid, p.name, p.target, console.quantity(bf16, "FLOP/s") if bf16 else "-",
-                         console.quantity(bw, "B/s") if bw else "-"))  # fmt: skip
+            rows.append(
+                (
+                    pid,
+                    p.name,
+                    p.target,
+                    console.quantity(bf16, "FLOP/s") if bf16 else "-",
+                    console.quantity(bw, "B/s") if bw else "-",
+                )
+            )
         console.table("hardware profiles", ["chip", "name", "target", "bf16 dense", "memory bandwidth"], rows)
         return 0
     p = load_profile(args.chip, knobs.calibration_dir)
@@ -119,8 +137,11 @@ def cmd_microbench(args: argparse.Namespace) -> int:
     if out is None:
         raise UserError("no calibration directory here; pass --out DIR or set POLYMORPH_CALIBRATION_DIR")
     results = run_suite()
-    console.table("cpu microbenchmarks", ["figure", "value", "method"],
-                  [(m.name, f"{m.value:.4g} {m.unit}", m.method) for m in results])  # fmt: skip
+    console.table(
+        "cpu microbenchmarks",
+        ["figure", "value", "method"],
+        [(m.name, f"{m.value:.4g} {m.unit}", m.method) for m in results],
+    )
     console.line(f"wrote {write_calibration(out, results)}")
     return 0
 
@@ -145,19 +166,39 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     backend = args.backend or knobs.backend
     model = load_model(args.model, dtype=args.dtype or _default_dtype(backend))
-    artifact = api.compile(model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx,
-                           traffic=args.traffic)  # fmt: skip
+    artifact = api.compile(
+        model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx, traffic=args.traffic
+    )
     r = artifact.report
-    rows = [(k.group, k.kernel.split("@")[0], k.library or "-", console.quantity(k.bytes, "B"),
-             console.seconds(k.predicted_s)) for k in r.kernels]  # fmt: skip
-    shown = rows if args.verbose or len(rows) <= 40 else rows[:30] + [("...", f"{len(rows) - 30} more", "", "", "")]
-    console.table(f"{model.name} -> {r.backend} {r.target} ({len(r.kernels)} kernels)",
-                  ["group", "kernel", "library", "bytes", "predicted"], shown)  # fmt: skip
-    console.line(f"predicted step time at {r.bindings}: {console.seconds(r.predicted_step_s)} ({r.prediction})")
+    rows = [
+        (
+            k.group,
+            k.kernel.split("@")[0],
+            k.library or "-",
+            console.quantity(k.bytes, "B"),
+            console.seconds(k.predicted_s),
+        )
+        for k in r.kernels
+    ]
+    shown = (
+        rows
+        if args.verbose or len(rows) <= 40
+        else [*rows[:30], ("...", f"{len(rows) - 30} more", "", "", "")]
+    )
+    console.table(
+        f"{model.name} -> {r.backend} {r.target} ({len(r.kernels)} kernels)",
+        ["group", "kernel", "library", "bytes", "predicted"],
+        shown,
+    )
+    console.line(
+        f"predicted step time at {r.bindings}: {console.seconds(r.predicted_step_s)} ({r.prediction})"
+    )
     for w in r.warnings:
         console.warn(w)
     if args.out:
-        console.line(f"wrote {args.out}/plan.json, report.json, graph.json and {len(artifact.files)} kernel files")
+        console.line(
+            f"wrote {args.out}/plan.json, report.json, graph.json and {len(artifact.files)} kernel files"
+        )
     return 0
 
 
@@ -177,7 +218,9 @@ def _prompt_tokens(args: argparse.Namespace):
     try:
         ids = [int(t) for t in args.prompt.replace(",", " ").split()]
     except ValueError:
-        raise UserError(f"--prompt takes token ids separated by spaces or commas, got {args.prompt!r}") from None
+        raise UserError(
+            f"--prompt takes token ids separated by spaces or commas, got {args.prompt!r}"
+        ) from None
     return ids, None
 
 
@@ -190,12 +233,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled = (Path(args.model) / "plan.json").exists()
     backend = args.backend or knobs.backend
     model = args.model if compiled else api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
-    gen = api.run(model, prompt, backend=None if compiled else backend, new_tokens=args.new_tokens,
-                  sampler=Sampler(args.temperature, args.top_p, args.seed))  # fmt: skip
+    gen = api.run(
+        model,
+        prompt,
+        backend=None if compiled else backend,
+        new_tokens=args.new_tokens,
+        sampler=Sampler(args.temperature, args.top_p, args.seed),
+    )
     console.line("tokens: " + " ".join(map(str, gen.tokens)))
     if tokenizer is not None:
         console.line("text: " + tokenizer.decode(gen.tokens))
-    console.line(f"prefill {len(prompt)} tokens in {console.seconds(gen.prefill_s)}; decode {gen.tokens_per_s:.1f} tokens/s")
+    console.line(
+        f"prefill {len(prompt)} tokens in {console.seconds(gen.prefill_s)}; decode {gen.tokens_per_s:.1f} tokens/s"
+    )
     return 0
 
 
@@ -206,10 +256,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     backend = args.backend or knobs.backend
     model = api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
     result = api.verify(model, backend, seed=args.seed)
-    rows = [(s.step, "ok" if s.comparison.ok else "MISMATCH", f"{s.comparison.max_abs:.3g}",
-             f"{s.comparison.mismatched}/{s.comparison.total}") for s in result.steps]  # fmt: skip
-    console.table(f"verify {model.name} on {backend} against the reference (rtol {result.tolerance.rtol}, "
-                  f"atol {result.tolerance.atol})", ["step", "result", "max abs err", "out of tolerance"], rows)  # fmt: skip
+    rows = [
+        (
+            s.step,
+            "ok" if s.comparison.ok else "MISMATCH",
+            f"{s.comparison.max_abs:.3g}",
+            f"{s.comparison.mismatched}/{s.comparison.total}",
+        )
+        for s in result.steps
+    ]
+    console.table(
+        f"verify {model.name} on {backend} against the reference (rtol {result.tolerance.rtol}, "
+        f"atol {result.tolerance.atol})",
+        ["step", "result", "max abs err", "out of tolerance"],
+        rows,
+    )
     bad = result.first_failure()
     if bad is not None:
         raise CheckFailed(f"{model.name} on {backend}: {bad.step}: {bad.comparison}")
@@ -229,11 +290,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         artifact = api.compile(model, "cpu", out=out)
         console.line(f"1. compiled llama-tiny for cpu: {len(artifact.plan.groups)} kernels -> {out}")
         gen = api.run(out, [1, 2, 3, 4], new_tokens=8, sampler=Sampler())
-        console.line(f"2. ran it from {out.name}/: prompt [1, 2, 3, 4] -> {gen.tokens} ({gen.tokens_per_s:.0f} tokens/s)")
+        console.line(
+            f"2. ran it from {out.name}/: prompt [1, 2, 3, 4] -> {gen.tokens} ({gen.tokens_per_s:.0f} tokens/s)"
+        )
     result = api.verify(model, "cpu")
     worst = max(s.comparison.max_abs for s in result.steps)
-    console.line(f"3. verified against the reference engine: {'ok' if result.ok else 'MISMATCH'} "
-                 f"over {len(result.steps)} steps (max abs err {worst:.2g})")  # fmt: skip
+    console.line(
+        f"3. verified against the reference engine: {'ok' if result.ok else 'MISMATCH'} "
+        f"over {len(result.steps)} steps (max abs err {worst:.2g})"
+    )
     step = 4
     for backend, chip in (("cuda", "h200"), ("rocm", "mi355x"), ("neuron", "trn2")):
         b = registry.get(backend)
@@ -242,8 +307,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             console.line(f"{step}. {backend} for {chip}: not compiled here: {probe.compile.reason}")
         else:
             a = api.compile(load_model("llama-tiny", dtype="bf16"), backend, chip)
-            console.line(f"{step}. compiled llama-tiny for {chip} ({a.plan.target}): {len(a.plan.groups)} kernels, "
-                         f"predicted step {console.seconds(a.report.predicted_step_s)}")  # fmt: skip
+            console.line(
+                f"{step}. compiled llama-tiny for {chip} ({a.plan.target}): {len(a.plan.groups)} kernels, "
+                f"predicted step {console.seconds(a.report.predicted_step_s)}"
+            )
         step += 1
     if not result.ok:
         raise CheckFailed("the demo's verify step failed")
@@ -288,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
         c.add_argument("--dtype", help="weight and activation dtype (default f32 on cpu, bf16 elsewhere)")
 
-    c = command("compile", cmd_compile, "lower and compile a model; write plan.json, report.json and device code")
+    c = command(
+        "compile", cmd_compile, "lower and compile a model; write plan.json, report.json and device code"
+    )
     model_args(c)
     c.add_argument("--target", help="chip profile id (default: the backend's first)")
     c.add_argument("--out", help="output directory")
@@ -305,14 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--seed", type=int, default=0, help="sampling seed")
-    c = command("verify", cmd_verify, "check a backend's logits against the reference engine (exit 1 on mismatch)")
+    c = command(
+        "verify", cmd_verify, "check a backend's logits against the reference engine (exit 1 on mismatch)"
+    )
     model_args(c)
     c.add_argument("--seed", type=int, help="token seed (default: fresh random tokens every run)")
     c = command("demo", cmd_demo, "compile, run and verify a tiny Llama; compile it for other chips")
     c.add_argument("--out", help="keep the cpu compile output here")
-    c = command("microbench", cmd_microbench, "measure this machine and write a calibration file for its profile")
+    c = command(
+        "microbench", cmd_microbench, "measure this machine and write a calibration file for its profile"
+    )
     c.add_argument("--backend", default="cpu")
-    c.add_argument("--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)")
+    c.add_argument(
+        "--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)"
+    )
     command("knobs", cmd_knobs, "list the POLYMORPH_* environment variables")
     return p
 

@@ -275,7 +275,9 @@ class Knobs:
         positive=True,
     )
     cpu_threads = IntKnob(
-        "POLYMORPH_CPU_THREADS", None, "torch threads of the cpu backend; unset: 1 for small models, else all cores",
+        "POLYMORPH_CPU_THREADS",
+        None,
+        "torch threads of the cpu backend; unset: 1 for small models, else all cores",
         minimum=1,
     )
     plain = BoolKnob("POLYMORPH_PLAIN", False, "force plain CLI output (no colours, tables or live progress)")

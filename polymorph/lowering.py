@@ -39,7 +39,9 @@ def single_groups(graph: Graph, group: NodeGroup) -> list[NodeGroup]:
     """A fused group cut back into one group per node (when no kernel takes the fused pattern)."""
     by_name = {n.name: n for n in graph.nodes}
     return [
-        NodeGroup(name, by_name[name].op, (name,), tuple(dict.fromkeys(by_name[name].inputs)), by_name[name].outputs)
+        NodeGroup(
+            name, by_name[name].op, (name,), tuple(dict.fromkeys(by_name[name].inputs)), by_name[name].outputs
+        )
         for name in group.nodes
     ]
 
@@ -80,7 +82,9 @@ def lower_onto_library(
     def plan_group(group: NodeGroup, kernel: KernelFile) -> PlanGroup:
         config: dict[str, Any] = dict(kernel.configs[0])
         choice = KernelChoice(kernel_path(kernel), kernel.sha256, config, library_call.get(kernel.name))
-        return PlanGroup(group.id, group.pattern, tuple(group.nodes), tuple(group.inputs), tuple(group.outputs), choice)
+        return PlanGroup(
+            group.id, group.pattern, tuple(group.nodes), tuple(group.inputs), tuple(group.outputs), choice
+        )
 
     for group in fuse(graph, patterns):
         kernel = choose_kernel(library, kernel_spec(graph, group, types, profile.target))

@@ -53,7 +53,9 @@ class Plan:
         for g in self.groups:
             if g.id == group_id:
                 return g
-        raise UserError(f"plan has no node group `{group_id}`; groups: {', '.join(g.id for g in self.groups[:8])}, ...")
+        raise UserError(
+            f"plan has no node group `{group_id}`; groups: {', '.join(g.id for g in self.groups[:8])}, ..."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,21 +91,39 @@ class Plan:
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
-            raise UserError(f"{out_dir}: no plan.json here; make one with `polymorph compile MODEL --out {out_dir}`") from None
+            raise UserError(
+                f"{out_dir}: no plan.json here; make one with `polymorph compile MODEL --out {out_dir}`"
+            ) from None
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if d.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(f"{path}: schema_version {d.get('schema_version')!r}, this polymorph reads {SCHEMA_VERSION}")
+            raise UserError(
+                f"{path}: schema_version {d.get('schema_version')!r}, this polymorph reads {SCHEMA_VERSION}"
+            )
         graph = serialize.load(out_dir / "graph.json")
         if serialize.content_hash(graph) != d["graph_sha256"]:
             raise UserError(f"{out_dir}: graph.json does not match the plan's graph_sha256; recompile")
         try:
             groups = [
-                PlanGroup(g["id"], g["pattern"], tuple(g["nodes"]), tuple(g["inputs"]), tuple(g["outputs"]),
-                          KernelChoice(**g["kernel"]))  # fmt: skip
+                PlanGroup(
+                    g["id"],
+                    g["pattern"],
+                    tuple(g["nodes"]),
+                    tuple(g["inputs"]),
+                    tuple(g["outputs"]),
+                    KernelChoice(**g["kernel"]),
+                )
                 for g in d["groups"]
             ]
-            return cls(d["backend"], d["target"], d["profile"], graph, dict(d["bindings"]), groups, d.get("model", ""))
+            return cls(
+                d["backend"],
+                d["target"],
+                d["profile"],
+                graph,
+                dict(d["bindings"]),
+                groups,
+                d.get("model", ""),
+            )
         except (KeyError, TypeError) as e:
             raise UserError(f"{path}: malformed plan ({e})") from None
 

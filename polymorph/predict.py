@@ -44,7 +44,9 @@ def _compute_dtype(graph: Graph, group: PlanGroup, types: dict) -> str:
     return "f32"
 
 
-def plan_report(plan: Plan, resources_of: Callable[[PlanGroup], dict[str, Any]], calibration_dir=None) -> Report:
+def plan_report(
+    plan: Plan, resources_of: Callable[[PlanGroup], dict[str, Any]], calibration_dir=None
+) -> Report:
     """report.json for a compiled plan: cost, roofline prediction and resources per kernel."""
     from polymorph.knobs import knobs
 
@@ -56,7 +58,9 @@ def plan_report(plan: Plan, resources_of: Callable[[PlanGroup], dict[str, Any]],
     prediction = "roofline floor from the profile's figures (vendor, or measured where calibrated)"
     total: float | None = 0.0
     if missing:
-        prediction = f"none: symbols {', '.join(missing)} have no values (compile with --batch/--ctx or --traffic)"
+        prediction = (
+            f"none: symbols {', '.join(missing)} have no values (compile with --batch/--ctx or --traffic)"
+        )
         total = None
     for group in plan.groups:
         flops = nbytes = 0.0

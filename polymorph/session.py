@@ -107,7 +107,9 @@ class Generation:
         return decoded / self.decode_s if self.decode_s > 0 else float("nan")
 
 
-def generate(executable: Executable, graph: Graph, prompt: list[int], new_tokens: int, sampler: Sampler) -> Generation:
+def generate(
+    executable: Executable, graph: Graph, prompt: list[int], new_tokens: int, sampler: Sampler
+) -> Generation:
     """Prefill `prompt`, then decode `new_tokens` tokens one at a time against the cache."""
     if not prompt:
         raise UserError("the prompt is empty; give at least one token")

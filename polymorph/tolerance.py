@@ -69,8 +69,15 @@ class Comparison:
 def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Comparison:
     """Elementwise check of `actual` against `expected` (compared in float64)."""
     if actual.shape != expected.shape:
-        return Comparison(False, np.inf, np.inf, expected.size, expected.size, (),
-                          f"shape {list(actual.shape)} != expected {list(expected.shape)}")  # fmt: skip
+        return Comparison(
+            False,
+            np.inf,
+            np.inf,
+            expected.size,
+            expected.size,
+            (),
+            f"shape {list(actual.shape)} != expected {list(expected.shape)}",
+        )
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     finite = np.isfinite(e)
@@ -79,7 +86,9 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Compari
     bound = tol.atol + tol.rtol * np.abs(np.where(finite, e, 0.0))
     over = (diff > bound) | bad_nonfinite | np.isnan(a)
     rel = diff / np.maximum(np.abs(e), 1e-12)
-    worst = np.unravel_index(int(np.argmax(np.where(finite, diff - bound, np.inf))), e.shape) if e.size else ()
+    worst = (
+        np.unravel_index(int(np.argmax(np.where(finite, diff - bound, np.inf))), e.shape) if e.size else ()
+    )
     reason = "NaN in output" if np.isnan(a).any() else ""
     return Comparison(
         ok=not over.any(),

@@ -15,7 +15,6 @@ from polymorph.passes import select_patterns
 from polymorph.plan import Plan
 from polymorph.predict import plan_report
 
-
 # The fusions kernels/torch/ has kernels for: one less round trip through memory per pattern.
 CPU_PATTERNS = ("linear+silu*mul", "linear+residual")
 
@@ -37,8 +36,9 @@ class CpuBackend(Backend):
     def lower(self, graph: Graph, profile: Profile) -> Plan:
         check_profile(self, profile)
         library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
-        return lower_onto_library(self.name, self.family, graph, profile, select_patterns(CPU_PATTERNS),
-                                  library_call=library_call)  # fmt: skip
+        return lower_onto_library(
+            self.name, self.family, graph, profile, select_patterns(CPU_PATTERNS), library_call=library_call
+        )
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
         """The cpu 'device code' is the kernel sources themselves: each one is built once here (so a

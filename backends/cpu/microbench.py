@@ -44,8 +44,12 @@ def copy_bandwidth(nbytes: int = 256 << 20, trials: int = 7) -> Measurement:
     src = torch.randn(nbytes // 4)
     dst = torch.empty_like(src)
     s = _median_seconds(lambda: dst.copy_(src), trials)
-    return Measurement("figures.memory_bandwidth", 2 * nbytes / s / 1e9, "GB/s",
-                       f"torch copy_ of {nbytes >> 20} MiB f32, reads plus writes, median of {trials}")  # fmt: skip
+    return Measurement(
+        "figures.memory_bandwidth",
+        2 * nbytes / s / 1e9,
+        "GB/s",
+        f"torch copy_ of {nbytes >> 20} MiB f32, reads plus writes, median of {trials}",
+    )
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 1024, trials: int = 5) -> Measurement:
@@ -53,9 +57,13 @@ def matmul_rate(dtype: torch.dtype, n: int = 1024, trials: int = 5) -> Measureme
     b = torch.randn(n, n).to(dtype)
     s = _median_seconds(lambda: a @ b, trials)
     key = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
-    return Measurement(f"peak.{key}", 2 * n**3 / s / 1e12, "TFLOP/s",
-                       f"torch matmul {n}x{n}x{n} {key} on random data, {torch.get_num_threads()} threads, "
-                       f"median of {trials}")  # fmt: skip
+    return Measurement(
+        f"peak.{key}",
+        2 * n**3 / s / 1e12,
+        "TFLOP/s",
+        f"torch matmul {n}x{n}x{n} {key} on random data, {torch.get_num_threads()} threads, "
+        f"median of {trials}",
+    )
 
 
 def run_suite() -> list[Measurement]:
@@ -65,8 +73,14 @@ def run_suite() -> list[Measurement]:
 def _commit() -> str:
     try:
         here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5, check=False)  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

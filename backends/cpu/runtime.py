@@ -43,8 +43,15 @@ def build_launches(plan: Plan, artifact_dir: Path | None = None) -> list[tuple[P
 
 
 class CpuExecutable(Executable):
-    def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray], *, poison: bool = False,
-                 artifact_dir: Path | None = None, threads: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plan: Plan,
+        weights: Mapping[str, np.ndarray],
+        *,
+        poison: bool = False,
+        artifact_dir: Path | None = None,
+        threads: int | None = None,
+    ) -> None:
         self.plan = plan
         self.graph = plan.graph
         self.poison = poison  # fill every output with NaN before its kernel runs (verify mode)
@@ -77,7 +84,10 @@ class CpuExecutable(Executable):
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.state:
             raise UserError("allocate_state(cache_blocks) must run before the first step")
-        leaves = {**{k: _meta(v) for k, v in self.params.items()}, **{k: _meta(v) for k, v in self.state.items()}}
+        leaves = {
+            **{k: _meta(v) for k, v in self.params.items()},
+            **{k: _meta(v) for k, v in self.state.items()},
+        }
         leaves.update(inputs)
         bindings = bind_symbols(self.graph, leaves)
         env: dict[str, torch.Tensor] = {**self.params, **self.state}
@@ -119,4 +129,6 @@ def _auto_threads(weight_elements: int) -> int:
 def _meta(t: torch.Tensor) -> np.ndarray:
     """A zero-size stand-in with the tensor's dtype and shape, so shape binding needs no copy."""
     dtype = next(d for d, td in TORCH_DTYPE.items() if td == t.dtype)
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype=dtype.numpy), shape=tuple(t.shape), strides=(0,) * t.dim())
+    return np.lib.stride_tricks.as_strided(
+        np.zeros(1, dtype=dtype.numpy), shape=tuple(t.shape), strides=(0,) * t.dim()
+    )

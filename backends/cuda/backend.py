@@ -28,11 +28,18 @@ class CudaBackend(Backend):
     def probe(self) -> Probe:
         triton = device_probe.has_module("triton")
         gpu = device_probe.nvidia_device()
-        details = {"triton": "installed" if triton else "missing (pip install 'polymorph[cuda]')",
-                   "nvidia device": "present" if gpu else "absent"}  # fmt: skip
+        details = {
+            "triton": "installed" if triton else "missing (pip install 'polymorph[cuda]')",
+            "nvidia device": "present" if gpu else "absent",
+        }
         no_gpu = "no NVIDIA GPU on this machine" if not gpu else NOT_BUILT
-        return Probe(self.name, Capability(False, NOT_BUILT), Capability(False, no_gpu),
-                     Capability(False, no_gpu), details)  # fmt: skip
+        return Probe(
+            self.name,
+            Capability(False, NOT_BUILT),
+            Capability(False, no_gpu),
+            Capability(False, no_gpu),
+            details,
+        )
 
     def lower(self, graph: Graph, profile: Profile) -> Plan:
         raise UserError(f"backend `cuda` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")

@@ -27,14 +27,22 @@ class NeuronBackend(Backend):
 
     def probe(self) -> Probe:
         details = {
-            "jax": "installed" if device_probe.has_module("jax") else "missing (pip install 'polymorph[neuron]')",
-            "neuronx-cc": "installed" if device_probe.executable("neuronx-cc")
+            "jax": "installed"
+            if device_probe.has_module("jax")
+            else "missing (pip install 'polymorph[neuron]')",
+            "neuronx-cc": "installed"
+            if device_probe.executable("neuronx-cc")
             else "missing (AWS's Neuron package index, see README)",
             "neuron device": "present (/dev/neuron0)" if device_probe.neuron_device() else "absent",
-        }  # fmt: skip
+        }
         no_dev = "no Neuron device on this machine" if not device_probe.neuron_device() else NOT_BUILT
-        return Probe(self.name, Capability(False, NOT_BUILT), Capability(False, no_dev),
-                     Capability(False, no_dev), details)  # fmt: skip
+        return Probe(
+            self.name,
+            Capability(False, NOT_BUILT),
+            Capability(False, no_dev),
+            Capability(False, no_dev),
+            details,
+        )
 
     def lower(self, graph: Graph, profile: Profile) -> Plan:
         raise UserError(f"backend `neuron` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")

@@ -27,12 +27,21 @@ class RocmBackend(Backend):
 
     def probe(self) -> Probe:
         gpu = device_probe.amd_device()
-        details = {"triton": "installed" if device_probe.has_module("triton") else "missing (pip install 'polymorph[rocm]')",
-                   "hip-python": "installed" if device_probe.has_module("hip") else "missing",
-                   "amd device": "present (/dev/kfd)" if gpu else "absent"}  # fmt: skip
+        details = {
+            "triton": "installed"
+            if device_probe.has_module("triton")
+            else "missing (pip install 'polymorph[rocm]')",
+            "hip-python": "installed" if device_probe.has_module("hip") else "missing",
+            "amd device": "present (/dev/kfd)" if gpu else "absent",
+        }
         no_gpu = "no AMD GPU on this machine (/dev/kfd absent)" if not gpu else NOT_BUILT
-        return Probe(self.name, Capability(False, NOT_BUILT), Capability(False, no_gpu),
-                     Capability(False, no_gpu), details)  # fmt: skip
+        return Probe(
+            self.name,
+            Capability(False, NOT_BUILT),
+            Capability(False, no_gpu),
+            Capability(False, no_gpu),
+            details,
+        )
 
     def lower(self, graph: Graph, profile: Profile) -> Plan:
         raise UserError(f"backend `rocm` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")

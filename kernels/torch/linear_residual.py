@@ -18,7 +18,10 @@ def build(spec, config, target):
 
     def launch(inputs, outputs, scratch):
         x, w, r = inputs[x_i], inputs[w_i], inputs[res_i]
-        outputs[0].copy_(torch.addmm(r.reshape(-1, r.shape[-1]).float(), x.reshape(-1, x.shape[-1]).float(),
-                                     w.float().t()).reshape(outputs[0].shape))
+        outputs[0].copy_(
+            torch.addmm(
+                r.reshape(-1, r.shape[-1]).float(), x.reshape(-1, x.shape[-1]).float(), w.float().t()
+            ).reshape(outputs[0].shape)
+        )
 
     return launch

@@ -27,7 +27,9 @@ class GraphBuilder:
         self.graph.state[name] = TensorType(dtype, tuple(shape))
         return name
 
-    def op(self, op: str, name: str, *inputs: str, outputs: tuple[str, ...] | None = None, **attrs: Any) -> Any:
+    def op(
+        self, op: str, name: str, *inputs: str, outputs: tuple[str, ...] | None = None, **attrs: Any
+    ) -> Any:
         """Add one node; return its output value name (a tuple when the op has several outputs)."""
         outs = outputs or (name,)
         attrs = normalize_attrs(op_def(op), attrs)

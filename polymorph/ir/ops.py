@@ -162,7 +162,9 @@ def _infer_kv_write(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _req(x.shape[2:] == cache.shape[2:], f"x {x} and cache {cache} disagree on heads/head_dim")
     _int(table, "block_table")
     _int(pos, "positions")
-    _req(table.rank == 2 and table.shape[0] == x.shape[0], f"block_table must be [batch, blocks], got {table}")
+    _req(
+        table.rank == 2 and table.shape[0] == x.shape[0], f"block_table must be [batch, blocks], got {table}"
+    )
     _req(pos.shape == x.shape[:2], f"positions must be {format_shape(x.shape[:2])}, got {pos}")
     return [cache]
 
@@ -209,14 +211,16 @@ def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[Tensor
     _check_gqa(q, kc.shape[2], kc.shape[3])
     _int(table, "block_table")
     _int(pos, "positions")
-    _req(table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}")
+    _req(
+        table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}"
+    )
     _req(pos.shape == q.shape[:2], f"positions must be {format_shape(q.shape[:2])}, got {pos}")
     return [q]
 
 
 def _cost_cache_attention(ins, outs, attrs) -> Cost:
     # Upper bound: every sequence attends over its whole block table.
-    (qd, q), (kd, kc), (_, table) = ins[0], ins[1], ins[3]
+    (_, q), (kd, kc), (_, table) = ins[0], ins[1], ins[3]
     b, s, h, d = q
     ctx = table[1] * kc[1]
     kv_bytes = 2.0 * b * ctx * kc[2] * kc[3] * kd.itemsize
@@ -508,7 +512,9 @@ def infer_node(node: Node, in_types: list[TensorType]) -> list[TensorType]:
     return outs
 
 
-def node_cost(node: Node, in_types: list[TensorType], out_types: list[TensorType], bindings: Mapping[str, int]) -> Cost:
+def node_cost(
+    node: Node, in_types: list[TensorType], out_types: list[TensorType], bindings: Mapping[str, int]
+) -> Cost:
     """FLOPs and bytes moved by `node` at the concrete dims `bindings` gives its symbols."""
     op = op_def(node.op)
     ins = [(t.dtype, concrete(t.shape, bindings)) for t in in_types]

@@ -143,7 +143,9 @@ def from_json(text: str, source: str = "<graph>") -> Graph:
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise GraphFormatError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        raise GraphFormatError(
+            f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
     return from_dict(d, source)
 
 

@@ -44,8 +44,16 @@ def build_decoder(
     `num_layers` builds only the first layers (the engine's fast tier); default: all of them.
     """
     layers = cfg.num_hidden_layers if num_layers is None else num_layers
-    g = GraphBuilder(name, meta={"family": cfg.family, "dtype": dtype.value, "block_size": block_size,
-                                 "layers": layers, "all_logits": all_logits})  # fmt: skip
+    g = GraphBuilder(
+        name,
+        meta={
+            "family": cfg.family,
+            "dtype": dtype.value,
+            "block_size": block_size,
+            "layers": layers,
+            "all_logits": all_logits,
+        },
+    )
     d, hd = cfg.hidden_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     tokens = g.input("tokens", DType.I32, ("batch", "seq"))
@@ -126,12 +134,26 @@ def build_decoder(
             mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
             logits = linear(f"{n}.moe.router", h, f"{mp}.gate", e, d, False)  # [B, S, E]
             mode = "topk_softmax" if cfg.family == "mixtral" else "softmax_topk"
-            w, idx = g.op("topk_router", f"{n}.moe.topk", logits,
-                          outputs=(f"{n}.moe.topk.weights", f"{n}.moe.topk.indices"),
-                          k=cfg.num_experts_per_tok, mode=mode, normalize=bool(cfg.norm_topk_prob))  # fmt: skip
+            w, idx = g.op(
+                "topk_router",
+                f"{n}.moe.topk",
+                logits,
+                outputs=(f"{n}.moe.topk.weights", f"{n}.moe.topk.indices"),
+                k=cfg.num_experts_per_tok,
+                mode=mode,
+                normalize=bool(cfg.norm_topk_prob),
+            )
             wg, wu, wd = expert_param_names(mp)
-            y = g.op("moe_ffn", f"{n}.moe.experts", h, w, idx,
-                     g.param(wg, dtype, (e, f, d)), g.param(wu, dtype, (e, f, d)), g.param(wd, dtype, (e, d, f)))  # fmt: skip
+            y = g.op(
+                "moe_ffn",
+                f"{n}.moe.experts",
+                h,
+                w,
+                idx,
+                g.param(wg, dtype, (e, f, d)),
+                g.param(wu, dtype, (e, f, d)),
+                g.param(wd, dtype, (e, d, f)),
+            )
         x = g.op("add", f"{n}.mlp.residual", x, y)
 
     x = g.op("rmsnorm", "final_norm", x, g.param("model.norm.weight", dtype, (d,)), eps=eps)

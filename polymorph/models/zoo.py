@@ -107,8 +107,14 @@ def check_fits(name: str, weight_bytes: int, dtype: DType) -> None:
         )
 
 
-def load_model(spec: str | Path, *, dtype: str | DType | None = None, all_logits: bool = False,
-               block_size: int | None = None, seed: int | None = None) -> Model:  # fmt: skip
+def load_model(
+    spec: str | Path,
+    *,
+    dtype: str | DType | None = None,
+    all_logits: bool = False,
+    block_size: int | None = None,
+    seed: int | None = None,
+) -> Model:
     """Resolve MODEL: a zoo name, a Hugging Face model directory, or an IR JSON file.
 
     `dtype` defaults to f32 for zoo and checkpoint models (the checkpoint's own dtype is a choice,
