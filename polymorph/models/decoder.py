@@ -156,9 +156,9 @@ def build_decoder(
             )
         x = g.op("add", f"{n}.mlp.residual", x, y)
 
-    x = g.op("rmsnorm", "final_norm", x, g.param("model.norm.weight", dtype, (d,)), eps=eps)
-    if not all_logits:
+    if not all_logits:  # the norm is per token: slice first, normalize one row per sequence
         x = g.op("slice", "last_token", x, axis=1, start=-1, end=None)  # [B, 1, D]
+    x = g.op("rmsnorm", "final_norm", x, g.param("model.norm.weight", dtype, (d,)), eps=eps)
     head = embed if cfg.tie_word_embeddings else g.param("lm_head.weight", dtype, (cfg.vocab_size, d))
     logits = g.op("linear", "lm_head", x, head)
     if dtype != DType.F32:

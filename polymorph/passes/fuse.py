@@ -267,6 +267,38 @@ QKV_NORM_ROPE_KV_WRITE = Pattern(
     outputs=("q_rope", "k_write", "v_write"),
 )
 
+# The attention input with its RMSNorm folded into the q/k/v GEMV's prologue (batch-1 decode: the
+# norm's statistics come from the one activation row the GEMV reads anyway).
+RMSNORM_QKV_ROPE_KV_WRITE = Pattern(
+    "rmsnorm+qkv+rope+kv_write",
+    (
+        Step("norm", "rmsnorm", ("$h", ANY)),
+        Step("q", "linear", ("norm", ANY)),
+        Step("k", "linear", ("norm", ANY)),
+        Step("v", "linear", ("norm", ANY)),
+        Step("q_heads", "reshape", ("q",)),
+        Step("k_heads", "reshape", ("k",)),
+        Step("v_heads", "reshape", ("v",)),
+        Step("q_rope", "rope", ("q_heads", "$positions")),
+        Step("k_rope", "rope", ("k_heads", "$positions")),
+        *_KV_WRITES,
+    ),
+    outputs=("q_rope", "k_write", "v_write"),
+)
+
+# The SwiGLU MLP input with its RMSNorm folded in: norm, gate and up GEMVs, silu(gate) * up.
+RMSNORM_LINEAR_SILU_MUL = Pattern(
+    "rmsnorm+linear+silu*mul",
+    (
+        Step("norm", "rmsnorm", ("$h", ANY)),
+        Step("gate", "linear", ("norm", ANY)),
+        Step("act", "silu", ("gate",)),
+        Step("up", "linear", ("norm", ANY)),
+        Step("mul", "mul", ("act", "up")),
+    ),
+    outputs=("mul",),
+)
+
 # Table order decides overlaps: the attention-input patterns take q/k/v before rmsnorm+linear could
 # take them with their norm, so rmsnorm+linear groups what is left (an MoE router and its norm; the
 # lm_head and the final norm when every position's logits are computed). A backend that wants the
@@ -277,6 +309,9 @@ STANDARD_PATTERNS: tuple[Pattern, ...] = (
     LINEAR_SILU_MUL,
     LINEAR_RESIDUAL,
     RMSNORM_LINEAR,
+    # Norm-folded variants last: they match only where a backend selects them ahead of the above.
+    RMSNORM_QKV_ROPE_KV_WRITE,
+    RMSNORM_LINEAR_SILU_MUL,
 )
 
 

@@ -1,0 +1,542 @@
+"""The conformance table: one OpInfo-style entry per op of the op table (and per variant worth its own
+row), plus the fused patterns a backend opts into.
+
+An entry says how to build a small graph around its op (leaves as graph inputs and params, symbolic
+dims where the op allows them), how to draw fresh random sample inputs for it, and which dtypes it is
+checked in. The tests in this folder run every entry × dtype × backend against `polymorph.reference`
+with `polymorph.tolerance.op_tolerance` of each output's dtype.
+
+Known bugs are part of the table, as OpInfo's `skips`: an entry lists the (dtype, backend) cases a
+bug breaks, and those run as strict xfails. When the bug is fixed they XPASS, which fails: delete the
+entry's `KnownBug` then.
+
+`pytest_generate_tests` below parametrizes every test here that asks for `entry`, `dtype` and
+`backend_name`, with ids like `rmsnorm-bf16-cpu` (a variant: `gelu.tanh-f32-cpu`). Backends come from
+the registry's names (no import, no probe); the tests probe lazily and skip with the probe's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from polymorph.backend import registry
+from polymorph.ir.builder import GraphBuilder
+from polymorph.ir.dtypes import DType
+from polymorph.ir.graph import Graph
+from polymorph.ir.shapes import concrete
+
+F32, BF16, F16, F8E4M3, F8E5M2, I32, I64 = (DType.F32, DType.BF16, DType.F16, DType.F8E4M3, DType.F8E5M2,
+                                            DType.I32, DType.I64)  # fmt: skip
+FLOATS = (F32, BF16, F16)
+FP8 = (F8E4M3, F8E5M2)
+
+# Every float input that an entry does not pin down is drawn from each of these in turn.
+DISTRIBUTIONS = ("normal", "uniform", "outliers")
+
+BLOCK_SIZE = 4  # paged-KV block size of every paged entry: small, so a few steps cross blocks
+
+
+# --- samples -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One set of arrays for an entry's graph: params, then the inputs of each step in order (state,
+    the paged KV cache, carries over from step to step; it starts zero-filled with `cache_blocks`)."""
+
+    label: str
+    params: dict[str, np.ndarray]
+    steps: tuple[dict[str, np.ndarray], ...]
+    cache_blocks: int = 1
+
+
+def draw(rng: np.random.Generator, shape: Sequence[int], dtype: DType, dist: str, large: float = 100.0) -> np.ndarray:
+    """Floats of `dist` stored in `dtype`: normal, uniform in ±`large`, or normal with ~2% outliers."""
+    shape = tuple(shape)
+    if dist == "normal":
+        x = rng.standard_normal(shape)
+    elif dist == "uniform":
+        x = rng.uniform(-large, large, shape)
+    elif dist == "outliers":
+        x = rng.standard_normal(shape)
+        hit = rng.random(shape) < 0.02
+        hit.flat[rng.integers(x.size)] = True  # at least one
+        x = np.where(hit, rng.choice([-1.0, 1.0], shape) * rng.uniform(0.2, 1.0, shape) * large, x)
+    else:
+        raise ValueError(f"unknown distribution `{dist}`")
+    return x.astype(np.float32).astype(dtype.numpy)
+
+
+IntGen = Callable[[np.random.Generator, tuple[int, ...], Mapping[str, int]], np.ndarray]
+
+
+def ids_below(n: int | str) -> IntGen:
+    """Uniform ids in [0, n) (n an int or the name of a size), both ends always present."""
+
+    def gen(rng: np.random.Generator, shape: tuple[int, ...], sizes: Mapping[str, int]) -> np.ndarray:
+        hi = int(sizes[n]) if isinstance(n, str) else n
+        x = rng.integers(0, hi, shape)
+        if x.size >= 2:
+            x.flat[rng.choice(x.size, 2, replace=False)] = (0, hi - 1)
+        return x
+
+    return gen
+
+
+def context_positions(rng: np.random.Generator, shape: tuple[int, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """positions[B, S] of the last S tokens of ragged sequences that fit their block tables."""
+    b, s = shape
+    room = sizes["ctx_blocks"] * BLOCK_SIZE
+    lengths = rng.integers(s, room + 1, b)  # context length of each sequence, this step included
+    lengths[rng.integers(b)] = room  # one sequence fills its table
+    return lengths[:, None] - s + np.arange(s)[None, :]
+
+
+def distinct_experts(k: int) -> IntGen:
+    def gen(rng: np.random.Generator, shape: tuple[int, ...], sizes: Mapping[str, int]) -> np.ndarray:
+        return np.argsort(rng.random((*shape[:-1], sizes["experts"])), axis=-1)[..., :k]
+
+    return gen
+
+
+def leaf_samples(
+    sizes: Sequence[Mapping[str, int]],
+    *,
+    wide: Sequence[str] | None = None,
+    ints: Mapping[str, IntGen] | None = None,
+    scale: Mapping[str, float] | None = None,
+    large: float = 100.0,
+    dists: Sequence[str] = DISTRIBUTIONS,
+    fix: Callable[[dict[str, np.ndarray], np.random.Generator], None] | None = None,
+) -> Callable[[Graph, DType, np.random.Generator], list[Sample]]:
+    """Samples for a one-step graph: each of `sizes` (symbol values) × each of `dists`.
+
+    A float leaf named in `wide` (default: every float graph input) is drawn from the distribution;
+    other float leaves are normal. `scale` multiplies a leaf; `ints` draws each integer leaf; `fix`
+    edits the arrays last (to make routing logits tie-free, say).
+    """
+    ints, scale = dict(ints or {}), dict(scale or {})
+
+    def samples(graph: Graph, dtype: DType, rng: np.random.Generator) -> list[Sample]:
+        out = []
+        varied = set(graph.inputs) if wide is None else set(wide)
+        for size in sizes:
+            for dist in dists:
+                arrays: dict[str, np.ndarray] = {}
+                for name, t in {**graph.inputs, **graph.params}.items():
+                    shape = concrete(t.shape, size)
+                    if t.dtype.is_int:
+                        arrays[name] = ints[name](rng, shape, size).astype(t.dtype.numpy)
+                    else:
+                        x = draw(rng, shape, F32, dist if name in varied else "normal", large)
+                        arrays[name] = (x * np.float32(scale.get(name, 1.0))).astype(t.dtype.numpy)
+                if fix is not None:
+                    fix(arrays, rng)
+                label = f"{dist} " + " ".join(f"{k}={v}" for k, v in size.items())
+                params = {k: v for k, v in arrays.items() if k in graph.params}
+                inputs = {k: v for k, v in arrays.items() if k in graph.inputs}
+                out.append(Sample(label, params, (inputs,), int(size.get("cache_blocks", 1))))
+        return out
+
+    return samples
+
+
+def kv_write_samples(graph: Graph, dtype: DType, rng: np.random.Generator) -> list[Sample]:
+    """A fill step that writes every slot of the cache with random values (so the next steps start
+    from random content, not zeros), then steps that write a few slots: a prefill at contiguous
+    positions, a decode batch, a batch at scattered positions. Two blocks are never in a table."""
+    t = graph.inputs["x"]
+    heads, head_dim = t.shape[2], t.shape[3]
+    out = []
+    for dist, (batch, seq, ctx_blocks, scattered) in zip(
+        DISTRIBUTIONS, [(1, 7, 3, False), (3, 1, 2, False), (2, 3, 2, True)], strict=True
+    ):
+        cache_blocks = batch * ctx_blocks + 2
+        slots = cache_blocks * BLOCK_SIZE
+        fill = {
+            "x": draw(rng, (1, slots, heads, head_dim), dtype, dist),
+            "block_table": rng.permutation(cache_blocks)[None, :].astype(np.int32),
+            "positions": np.arange(slots, dtype=np.int32)[None, :],
+        }
+        steps = [fill]
+        for _ in range(2):  # the second write overwrites some slots of the first
+            table = rng.permutation(cache_blocks)[: batch * ctx_blocks].reshape(batch, ctx_blocks)
+            room = ctx_blocks * BLOCK_SIZE
+            if scattered:
+                pos = np.stack([rng.choice(room, seq, replace=False) for _ in range(batch)])
+            else:
+                pos = rng.integers(0, room - seq + 1, (batch, 1)) + np.arange(seq)[None, :]
+            x = draw(rng, (batch, seq, heads, head_dim), dtype, dist)
+            steps.append({"x": x, "block_table": table.astype(np.int32), "positions": pos.astype(np.int32)})
+        out.append(Sample(f"{dist} batch={batch} seq={seq} ctx_blocks={ctx_blocks}", {}, tuple(steps), cache_blocks))
+    return out
+
+
+def untie_router_logits(arrays: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+    """Redraw every row of router logits that has equal values (tie order is checked on its own)."""
+    x = arrays["logits"]
+    flat = x.reshape(-1, x.shape[-1])
+    for row in flat:
+        if len(np.unique(row.astype(np.float32))) < row.size:
+            row[...] = (rng.permutation(row.size) - row.size / 2).astype(x.dtype)  # distinct integers
+    arrays["logits"] = flat.reshape(x.shape)
+
+
+def tied_router_logits(arrays: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+    """Logits with ties: small integers, and one row of all-equal values."""
+    x = arrays["logits"]
+    ties = rng.integers(-2, 3, x.shape).astype(x.dtype)
+    ties.reshape(-1, x.shape[-1])[0] = 0
+    arrays["logits"] = ties
+
+
+def overflow_f8(arrays: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+    """Values past the largest finite fp8 e4m3 value (448) in both signs."""
+    x = arrays["x"]
+    x.flat[: min(4, x.size)] = np.array([500.0, -1000.0, 1e4, -465.0], dtype=np.float32)[: min(4, x.size)]
+
+
+# --- graphs ------------------------------------------------------------------------------------------
+
+
+def one_node(op: str, leaves: Mapping[str, tuple[str, DType, tuple]], *, outputs: Sequence[str] = ("y",),
+             **attrs: Any) -> Graph:  # fmt: skip
+    """A graph of one `op` node over `leaves` (name -> (kind: input|param|state, dtype, shape)), in
+    order; its outputs are the graph's outputs, and a state it writes is updated."""
+    b = GraphBuilder(f"conformance.{op}")
+    for name, (kind, dtype, shape) in leaves.items():
+        getattr(b, kind)(name, dtype, shape)
+    outs = b.op(op, op, *leaves, outputs=tuple(outputs), **attrs)
+    outs = (outs,) if isinstance(outs, str) else outs
+    for name in outs:
+        b.output(name, name)
+    if op == "kv_write":
+        b.update(next(n for n, (kind, _, _) in leaves.items() if kind == "state"), outs[0])
+    return b.build()
+
+
+def inp(dtype: DType, *shape: Any) -> tuple[str, DType, tuple]:
+    return ("input", dtype, shape)
+
+
+def par(dtype: DType, *shape: Any) -> tuple[str, DType, tuple]:
+    return ("param", dtype, shape)
+
+
+def swiglu_graph(dtype: DType) -> Graph:
+    # x: [B, S, 16] -> silu(x @ w_gate^T) * (x @ w_up^T): [B, S, 24]
+    b = GraphBuilder("conformance.swiglu")
+    x = b.input("x", dtype, ("batch", "seq", 16))
+    wg = b.param("w_gate", dtype, (24, 16))
+    wu = b.param("w_up", dtype, (24, 16))
+    gate = b.op("linear", "mlp.gate", x, wg)
+    act = b.op("silu", "mlp.act", gate)
+    up = b.op("linear", "mlp.up", x, wu)
+    b.output("y", b.op("mul", "mlp.mul", act, up))
+    return b.build()
+
+
+def residual_graph(dtype: DType, *, proj_first: bool = False) -> Graph:
+    # residual[B, S, 16] + x[B, S, 24] @ w[16, 24]^T
+    b = GraphBuilder("conformance.linear_residual")
+    x = b.input("x", dtype, ("batch", "seq", 24))
+    r = b.input("residual", dtype, ("batch", "seq", 16))
+    w = b.param("w", dtype, (16, 24))
+    proj = b.op("linear", "o_proj", x, w)
+    b.output("y", b.op("add", "residual_add", *((proj, r) if proj_first else (r, proj))))
+    return b.build()
+
+
+def mlp_graph(dtype: DType) -> Graph:
+    # A whole SwiGLU MLP with its residual: both cpu patterns in one graph.
+    b = GraphBuilder("conformance.mlp")
+    x = b.input("x", dtype, ("batch", "seq", 16))
+    wg = b.param("w_gate", dtype, (24, 16))
+    wu = b.param("w_up", dtype, (24, 16))
+    wd = b.param("w_down", dtype, (16, 24))
+    h = b.op("mul", "mlp.mul", b.op("silu", "mlp.act", b.op("linear", "mlp.gate", x, wg)), b.op("linear", "mlp.up", x, wu))
+    b.output("y", b.op("add", "mlp.residual", x, b.op("linear", "mlp.down", h, wd)))
+    return b.build()
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """A bug in non-test code: it breaks the cases in `dtypes` on `backends` (None: all) whose graph
+    meets `when` (None: every graph)."""
+
+    reason: str
+    dtypes: tuple[DType, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    when: Callable[[Graph], bool] | None = None
+
+    def applies(self, graph: Graph, dtype: DType, backend: str) -> bool:
+        return (
+            (self.dtypes is None or dtype in self.dtypes)
+            and (self.backends is None or backend in self.backends)
+            and (self.when is None or self.when(graph))
+        )
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One row: `name` is the test id (`op` or `op.variant`); `op` is the op or fused pattern it checks."""
+
+    name: str
+    op: str
+    build: Callable[[DType], Graph]
+    samples: Callable[[Graph, DType, np.random.Generator], list[Sample]]
+    dtypes: tuple[DType, ...] = FLOATS
+    patterns: tuple[str, ...] = ()  # fused patterns the plan must contain (and their groups' configs)
+    known_bugs: tuple[KnownBug, ...] = field(default=())
+
+    def known_bug(self, dtype: DType, backend: str) -> KnownBug | None:
+        """The first known bug that breaks this case: the entry's own, then the table-wide ones."""
+        graph = self.build(dtype)
+        bugs = (*self.known_bugs, *TABLE_WIDE_BUGS)
+        return next((bug for bug in bugs if bug.applies(graph, dtype, backend)), None)
+
+
+def _ml_dtypes_input(graph: Graph) -> bool:
+    return any(t.dtype in (BF16, F8E4M3, F8E5M2) for t in graph.inputs.values())
+
+
+BUG_CPU_ML_DTYPES_INPUT = KnownBug(
+    "backends/cpu/runtime.py CpuExecutable.run converts graph inputs with torch.from_numpy, which "
+    "rejects ml_dtypes arrays (bf16, fp8) with a TypeError; torch_bridge.to_torch handles them",
+    backends=("cpu",),
+    when=_ml_dtypes_input,
+)
+BUG_TOPK_TIES = KnownBug(
+    "kernels/torch/moe.py topk_router uses torch.topk, whose tie order on CPU is not the reference's "
+    "(lower expert index first): all-equal logits give indices [6, 5, ...] instead of [0, 1, ...]",
+    backends=("cpu",),
+)
+BUG_F8_SATURATE = KnownBug(
+    "a cast of a value past fp8 e4m3's range (|x| > 464) is NaN in the reference (ml_dtypes) but "
+    "saturates to ±448 in kernels/torch/elementwise.py (torch's float8_e4m3fn conversion)",
+    dtypes=(F8E4M3,),
+    backends=("cpu",),
+)
+
+# Bugs that break every case whose graph meets their `when`, whatever the entry.
+TABLE_WIDE_BUGS = (BUG_CPU_ML_DTYPES_INPUT,)
+
+
+BATCH_SEQ = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}]
+ROWS = [{"batch": 1}, {"batch": 7}]
+
+
+def _entries() -> list[OpInfo]:
+    e: list[OpInfo] = []
+    add = e.append
+
+    # --- lookup and projections
+    add(OpInfo("embedding", "embedding",
+               lambda d: one_node("embedding", {"table": par(d, 37, 16), "ids": inp(I32, "batch", "seq")}),
+               leaf_samples(BATCH_SEQ, wide=["table"], ints={"ids": ids_below(37)}),
+               dtypes=(*FLOATS, *FP8)))  # fmt: skip
+    add(OpInfo("embedding.i64", "embedding",
+               lambda d: one_node("embedding", {"table": par(d, 37, 16), "ids": inp(I64, "batch", 3)}),
+               leaf_samples(ROWS, wide=["table"], ints={"ids": ids_below(37)})))  # fmt: skip
+    add(OpInfo("linear", "linear",
+               lambda d: one_node("linear", {"x": inp(d, "batch", "seq", 16), "w": par(d, 7, 16)}),
+               leaf_samples(BATCH_SEQ, scale={"w": 0.25})))  # fmt: skip
+    add(OpInfo("linear.bias", "linear",
+               lambda d: one_node("linear", {"x": inp(d, "batch", 3), "w": par(d, 16, 3), "b": par(d, 16)}),
+               leaf_samples(ROWS)))  # fmt: skip
+    add(OpInfo("matmul", "matmul",
+               lambda d: one_node("matmul", {"a": inp(d, "batch", 3, 16), "b": inp(d, "batch", 16, 7)}),
+               leaf_samples(ROWS, wide=["a"], scale={"b": 0.25})))  # fmt: skip
+    add(OpInfo("matmul.broadcast", "matmul",
+               lambda d: one_node("matmul", {"a": inp(d, 2, "batch", 7, 16), "b": par(d, 1, 16, 3)}),
+               leaf_samples(ROWS, scale={"b": 0.25})))  # fmt: skip
+
+    # --- normalization and position
+    add(OpInfo("rmsnorm", "rmsnorm",
+               lambda d: one_node("rmsnorm", {"x": inp(d, "batch", "seq", 16), "w": par(d, 16)}, eps=1e-6),
+               leaf_samples(BATCH_SEQ)))  # fmt: skip
+    add(OpInfo("layernorm", "layernorm",
+               lambda d: one_node("layernorm", {"x": inp(d, "batch", 7), "w": par(d, 7), "b": par(d, 7)}),
+               leaf_samples(ROWS)))  # fmt: skip
+    rope_leaves = lambda d: {"x": inp(d, "batch", "seq", 3, 16), "positions": inp(I32, "batch", "seq")}  # noqa: E731
+    rope_ints = {"positions": lambda rng, shape, size: rng.integers(0, 4096, shape)}
+    add(OpInfo("rope", "rope", lambda d: one_node("rope", rope_leaves(d)),
+               leaf_samples(BATCH_SEQ, ints=rope_ints)))  # fmt: skip
+    add(OpInfo("rope.llama3", "rope",
+               lambda d: one_node("rope", rope_leaves(d), theta=500000.0, rope_type="llama3", factor=8.0,
+                                  low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64),
+               leaf_samples(BATCH_SEQ, ints=rope_ints)))  # fmt: skip
+
+    # --- attention and the KV cache
+    add(OpInfo("kv_write", "kv_write",
+               lambda d: one_node("kv_write", {"cache": ("state", d, ("cache_blocks", BLOCK_SIZE, 3, 16)),
+                                               "x": inp(d, "batch", "seq", 3, 16),
+                                               "block_table": inp(I32, "batch", "ctx_blocks"),
+                                               "positions": inp(I32, "batch", "seq")}),
+               kv_write_samples, dtypes=(*FLOATS, *FP8)))  # fmt: skip
+    # q: [B, S, 6, 16], k/v: [B, S, 3, 16] (two query heads per kv head)
+    add(OpInfo("attention", "attention",
+               lambda d: one_node("attention", {"q": inp(d, "batch", "seq", 6, 16), "k": inp(d, "batch", "seq", 3, 16),
+                                                "v": inp(d, "batch", "seq", 3, 16)}, scale=0.25),
+               leaf_samples(BATCH_SEQ, wide=["v"])))  # fmt: skip
+    add(OpInfo("attention.noncausal", "attention",
+               lambda d: one_node("attention", {"q": inp(d, "batch", 3, 6, 16), "k": inp(d, "batch", "kv_len", 2, 16),
+                                                "v": inp(d, "batch", "kv_len", 2, 16)}, scale=0.25, causal=False),
+               leaf_samples([{"batch": 1, "kv_len": 1}, {"batch": 2, "kv_len": 16}], wide=["v"])))  # fmt: skip
+    paged_sizes = [{"batch": 1, "seq": 7, "ctx_blocks": 3, "cache_blocks": 5},
+                   {"batch": 3, "seq": 1, "ctx_blocks": 4, "cache_blocks": 16}]  # fmt: skip
+    paged_ints = {"block_table": ids_below("cache_blocks"), "positions": context_positions}
+
+    def cache_attention(q_dtype: Callable[[DType], DType]) -> Callable[[DType], Graph]:
+        return lambda d: one_node("cache_attention", {
+            "q": inp(q_dtype(d), "batch", "seq", 4, 16),
+            "k_cache": inp(d, "cache_blocks", BLOCK_SIZE, 2, 16), "v_cache": inp(d, "cache_blocks", BLOCK_SIZE, 2, 16),
+            "block_table": inp(I32, "batch", "ctx_blocks"), "positions": inp(I32, "batch", "seq")}, scale=0.25)  # fmt: skip
+
+    add(OpInfo("cache_attention", "cache_attention", cache_attention(lambda d: d),
+               leaf_samples(paged_sizes, wide=["v_cache"], ints=paged_ints)))  # fmt: skip
+    # An fp8 KV cache read by bf16 queries.
+    add(OpInfo("cache_attention.f8cache", "cache_attention", cache_attention(lambda d: BF16),
+               leaf_samples(paged_sizes, wide=["v_cache"], ints=paged_ints), dtypes=FP8))  # fmt: skip
+
+    # --- elementwise
+    unary = lambda op, **a: lambda d: one_node(op, {"x": inp(d, "batch", "seq", 16)}, **a)  # noqa: E731
+    add(OpInfo("silu", "silu", unary("silu"), leaf_samples(BATCH_SEQ)))
+    add(OpInfo("gelu", "gelu", unary("gelu"), leaf_samples(BATCH_SEQ)))
+    add(OpInfo("gelu.tanh", "gelu", unary("gelu", approximate="tanh"), leaf_samples(BATCH_SEQ)))
+    for op in ("mul", "add"):
+        add(OpInfo(op, op, lambda d, op=op: one_node(op, {"a": inp(d, "batch", 7), "b": inp(d, "batch", 7)}),
+                   leaf_samples(ROWS)))  # fmt: skip
+        # [B, 1, 16] with [S, 16] -> [B, S, 16]; and a weight-like [16]
+        add(OpInfo(f"{op}.broadcast", op,
+                   lambda d, op=op: one_node(op, {"a": inp(d, "batch", 1, 16), "b": inp(d, "seq", 16)}),
+                   leaf_samples(BATCH_SEQ)))  # fmt: skip
+        add(OpInfo(f"{op}.param", op,
+                   lambda d, op=op: one_node(op, {"a": par(d, 16), "b": inp(d, "batch", "seq", 16)}),
+                   leaf_samples(BATCH_SEQ)))  # fmt: skip
+    add(OpInfo("softmax", "softmax", unary("softmax"), leaf_samples(BATCH_SEQ, large=30.0)))
+    add(OpInfo("softmax.axis1", "softmax", unary("softmax", axis=1), leaf_samples(BATCH_SEQ, large=30.0)))  # fmt: skip
+    wide_ints = {"x": lambda rng, shape, size: rng.integers(-(2**20), 2**20, shape)}
+    add(OpInfo("argmax", "argmax", unary("argmax"), leaf_samples(BATCH_SEQ, ints=wide_ints), dtypes=(*FLOATS, I32)))  # fmt: skip
+    add(OpInfo("argmax.axis0", "argmax",
+               lambda d: one_node("argmax", {"x": inp(d, 7, "batch")}, axis=0),
+               leaf_samples(ROWS)))  # fmt: skip
+
+    # --- mixture of experts
+    def router(**attrs: Any) -> Callable[[DType], Graph]:
+        return lambda d: one_node("topk_router", {"logits": inp(d, "batch", 8)}, outputs=("weights", "indices"), **attrs)
+
+    for variant, attrs in [("", {}), (".softmax_topk", {"mode": "softmax_topk"}),
+                           (".softmax_topk_norm", {"mode": "softmax_topk", "normalize": True})]:  # fmt: skip
+        add(OpInfo(f"topk_router{variant}", "topk_router", router(k=2, **attrs),
+                   leaf_samples(ROWS, large=8.0, fix=untie_router_logits)))  # fmt: skip
+    add(OpInfo("topk_router.ties", "topk_router", router(k=3),
+               leaf_samples(ROWS, dists=("normal",), fix=tied_router_logits),
+               known_bugs=(BUG_TOPK_TIES,)))  # fmt: skip
+    add(OpInfo("moe_ffn", "moe_ffn",
+               lambda d: one_node("moe_ffn", {"x": inp(d, "batch", 16), "weights": inp(F32, "batch", 2),
+                                              "indices": inp(I32, "batch", 2), "w_gate": par(d, 4, 24, 16),
+                                              "w_up": par(d, 4, 24, 16), "w_down": par(d, 4, 16, 24)}),
+               leaf_samples([{"batch": 1, "experts": 4}, {"batch": 7, "experts": 4}], wide=["x"],
+                            ints={"indices": distinct_experts(2)}, scale={"w_gate": 0.25, "w_up": 0.25, "w_down": 0.2})))  # fmt: skip
+
+    # --- layout
+    layout_dtypes = (*FLOATS, *FP8, I32)
+    layout_ints = {"x": lambda rng, shape, size: rng.integers(-(2**31), 2**31 - 1, shape)}
+    layout = dict(dtypes=layout_dtypes)
+    add(OpInfo("reshape", "reshape",
+               lambda d: one_node("reshape", {"x": inp(d, "batch", "seq", 16)}, shape=("batch", "seq", 4, 4)),
+               leaf_samples(BATCH_SEQ, ints=layout_ints), **layout))  # fmt: skip
+    add(OpInfo("reshape.flatten", "reshape",
+               lambda d: one_node("reshape", {"x": inp(d, "batch", 3, 16)}, shape=("batch", 48)),
+               leaf_samples(ROWS, ints=layout_ints), **layout))  # fmt: skip
+    add(OpInfo("transpose", "transpose",
+               lambda d: one_node("transpose", {"x": inp(d, "batch", "seq", 3, 16)}, perm=(0, 2, 1, 3)),
+               leaf_samples(BATCH_SEQ, ints=layout_ints), **layout))  # fmt: skip
+    add(OpInfo("slice", "slice",
+               lambda d: one_node("slice", {"x": inp(d, "batch", 16)}, axis=-1, start=3, end=10),
+               leaf_samples(ROWS, ints=layout_ints), **layout))  # fmt: skip
+    add(OpInfo("slice.last", "slice",  # the last token of a symbolic sequence (the lm_head input)
+               lambda d: one_node("slice", {"x": inp(d, "batch", "seq", 16)}, axis=1, start=-1),
+               leaf_samples(BATCH_SEQ, ints=layout_ints), **layout))  # fmt: skip
+    concat_ints = {n: layout_ints["x"] for n in ("a", "b", "c")}
+    add(OpInfo("concat", "concat",
+               lambda d: one_node("concat", {"a": inp(d, "batch", 3), "b": inp(d, "batch", 16), "c": inp(d, "batch", 1)},
+                                  axis=-1),
+               leaf_samples(ROWS, ints=concat_ints), **layout))  # fmt: skip
+    add(OpInfo("concat.axis0", "concat",
+               lambda d: one_node("concat", {"a": inp(d, 1, "seq", 4), "b": inp(d, 7, "seq", 4)}, axis=0),
+               leaf_samples([{"seq": 1}, {"seq": 3}], ints=concat_ints), **layout))  # fmt: skip
+
+    # cast: the entry's dtype is the narrow side; the other side is f32 (or i32)
+    cast = lambda src, dst: one_node("cast", {"x": inp(src, "batch", "seq", 16)}, dtype=dst.value)  # noqa: E731
+    narrow = (BF16, F16, *FP8)
+    add(OpInfo("cast.down", "cast", lambda d: cast(F32, d), leaf_samples(BATCH_SEQ), dtypes=narrow))
+    add(OpInfo("cast.up", "cast", lambda d: cast(d, F32), leaf_samples(BATCH_SEQ), dtypes=narrow))
+    add(OpInfo("cast.f8_overflow", "cast", lambda d: cast(F32, d),
+               leaf_samples([{"batch": 2, "seq": 3}], dists=("normal",), fix=overflow_f8), dtypes=(F8E4M3,),
+               known_bugs=(BUG_F8_SATURATE,)))  # fmt: skip
+    add(OpInfo("cast.to_int", "cast", lambda d: cast(d, I32), leaf_samples(BATCH_SEQ)))
+    add(OpInfo("cast.from_int", "cast", lambda d: cast(I32, d),
+               leaf_samples(BATCH_SEQ, ints={"x": lambda rng, shape, size: rng.integers(-300, 300, shape)}),
+               dtypes=(F32, BF16, F16)))  # fmt: skip
+
+    # --- fused patterns the cpu backend opts into (a plan must contain the pattern's group)
+    add(OpInfo("linear+silu*mul", "linear+silu*mul", swiglu_graph,
+               leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25}),
+               patterns=("linear+silu*mul",)))  # fmt: skip
+    add(OpInfo("linear+residual", "linear+residual", residual_graph,
+               leaf_samples(BATCH_SEQ, scale={"w": 0.2}), patterns=("linear+residual",)))  # fmt: skip
+    add(OpInfo("linear+residual.proj_first", "linear+residual",
+               lambda d: residual_graph(d, proj_first=True),
+               leaf_samples(BATCH_SEQ, scale={"w": 0.2}), patterns=("linear+residual",)))  # fmt: skip
+    add(OpInfo("mlp", "linear+silu*mul",
+               mlp_graph, leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25, "w_down": 0.2}),
+               patterns=("linear+silu*mul", "linear+residual")))  # fmt: skip
+    return e
+
+
+OP_TABLE: tuple[OpInfo, ...] = tuple(_entries())
+assert len({e.name for e in OP_TABLE}) == len(OP_TABLE), "entry names are test ids: keep them unique"
+
+
+# --- parametrization ---------------------------------------------------------------------------------
+
+
+def backend_names() -> list[str]:
+    """Every backend the registry knows (in-tree and entry points), without importing or probing one."""
+    return registry.names()
+
+
+def cases(entries: Sequence[OpInfo]) -> list[Any]:
+    out = []
+    for entry in entries:
+        for dtype in entry.dtypes:
+            for backend in backend_names():
+                bug = entry.known_bug(dtype, backend)
+                marks = [pytest.mark.xfail(strict=True, reason=bug.reason)] if bug else []
+                out.append(pytest.param(entry, dtype, backend, marks=marks, id=f"{entry.name}-{dtype}-{backend}"))
+    return out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking (entry, dtype, backend_name) runs every case: `test_fused*` those of the fused
+    entries, any other test those of the single-op entries."""
+    if {"entry", "dtype", "backend_name"} <= set(metafunc.fixturenames):
+        fused = metafunc.function.__name__.startswith("test_fused")
+        entries = [e for e in OP_TABLE if bool(e.patterns) == fused]
+        metafunc.parametrize(("entry", "dtype", "backend_name"), cases(entries))
+
+
+@pytest.fixture
+def op_table() -> tuple[OpInfo, ...]:
+    return OP_TABLE
+
