@@ -21,6 +21,7 @@ TORCH_DTYPE = {
     DType.I64: torch.int64,
     DType.BOOL: torch.bool,
 }
+IR_DTYPE = {t: d for d, t in TORCH_DTYPE.items()}
 _BITS = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.int16)}
 
 

@@ -69,9 +69,8 @@ def compile(
     b = registry.get(backend or knobs.backend)
     profile = load_profile(target or b.targets[0], knobs.calibration_dir)
     bucket = pick_bucket(batch, ctx, traffic)
-    plan = b.lower(m.graph, profile)
+    plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
     plan.model = m.source
-    plan.bindings = bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx)
     return b.compile(plan, Path(out) if out is not None else None)
 
 

@@ -99,11 +99,12 @@ class Backend(ABC):
         """Report what works here; must be cheap and must not initialize a device context."""
 
     @abstractmethod
-    def lower(self, graph: Graph, profile: Profile) -> Plan:
+    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
         """Cut a verified graph into node groups and choose a kernel (file, hash, config) for each.
 
-        The graph may be symbolic or specialized; a backend that needs concrete dims says so with a
-        UserError. An op without a kernel raises UserError naming the op and the backends that have one.
+        `bindings` (a traffic bucket's dims: batch, seq, ctx_blocks, cache_blocks) are the shapes the
+        plan is made and predicted for; kernels may be chosen for them. The plan keeps the graph as
+        given. An op without a kernel raises UserError naming the op and the backends that have one.
         """
 
     @abstractmethod

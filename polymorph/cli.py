@@ -408,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `polymorph ... | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ A kernel is a Python file under `kernels/<family>/` exposing:
   build(spec: KernelSpec, config: dict, target: Target) -> launch
               where launch(inputs, outputs, scratch) runs it: inputs are the group's external inputs
               in `spec.inputs` order, outputs the preallocated tensors of `spec.outputs` it must write.
+Optional:
+  configs(target) -> list[dict]    per-target configs, instead of CONFIGS (e.g. wave64/MFMA tiles on rocm)
+  compile_units(spec, config, target) -> list[CompileUnit]
+              the Triton kernels `build` would launch for this (concrete-shaped) spec, for
+              ahead-of-time compilation to device code without the device (PTX/cubin, AMDGCN/HSACO)
 A file is loaded by path as a fresh module every time (the hot-reload primitive) and is named by the
 sha256 of its source, so a plan names exactly the code it was built with.
 """
@@ -40,6 +45,14 @@ class KernelSpec:
     outputs: tuple[str, ...]
     types: Mapping[str, TensorType] = field(repr=False)
     target: Target
+    roles: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def role(self, step: str) -> Node:
+        """The node that matched `step` of the group's fusion pattern (the first, for a many=True step)."""
+        for name, nodes in self.roles:
+            if name == step:
+                return next(n for n in self.nodes if n.name == nodes[0])
+        raise KeyError(f"{self.pattern} has no step `{step}`")
 
     def node(self, op: str) -> Node:
         """The (first) node of the group with op `op`."""
@@ -73,6 +86,21 @@ class KernelSpec:
 
 
 @dataclass(frozen=True)
+class CompileUnit:
+    """One specialization of one Triton kernel, as `triton.compile(ASTSource(...))` takes it.
+
+    `signature` maps every argument of `fn` to a Triton type (`*bf16`, `*fp32`, `*i32`, `i32`, `fp32`)
+    or "constexpr"; `constexprs` gives the constexpr values; `options` are compile options
+    (num_warps, num_stages; waves_per_eu on rocm)."""
+
+    name: str
+    fn: Any
+    signature: Mapping[str, str]
+    constexprs: Mapping[str, Any]
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class KernelFile:
     path: Path
     sha256: str
@@ -89,6 +117,18 @@ class KernelFile:
 
     def build(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> Launch:
         return self.module.build(spec, dict(config), target)
+
+    def configs_for(self, target: Target) -> tuple[dict[str, Any], ...]:
+        """The config space for `target` (the file's `configs(target)`, else CONFIGS)."""
+        if hasattr(self.module, "configs"):
+            return tuple(dict(c) for c in self.module.configs(target))
+        return self.configs
+
+    def compile_units(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> list[CompileUnit]:
+        """The Triton kernels to compile ahead of time; [] for a file with no device code of its own."""
+        if not hasattr(self.module, "compile_units"):
+            return []
+        return list(self.module.compile_units(spec, dict(config), target))
 
 
 def kernels_root() -> Path:

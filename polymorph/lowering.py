@@ -16,7 +16,7 @@ from polymorph.hw import Profile
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.spec import verify
 from polymorph.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
-from polymorph.passes import NodeGroup, Pattern, fuse
+from polymorph.passes import NodeGroup, Pattern, fuse, specialize
 from polymorph.plan import KernelChoice, Plan, PlanGroup
 from polymorph.target import Target
 
@@ -32,6 +32,7 @@ def kernel_spec(
         outputs=tuple(group.outputs),
         types=types,
         target=target,
+        roles=tuple(getattr(group, "roles", ())),
     )
 
 
@@ -71,19 +72,29 @@ def lower_onto_library(
     library: Sequence[KernelFile] | None = None,
     library_call: Mapping[str, str] | None = None,
     model: str = "",
+    bindings: Mapping[str, int] | None = None,
 ) -> Plan:
     """Plan `graph` onto `family`'s kernels (or `library`). `library_call` maps a kernel file name to
-    the vendor library it calls, for the report."""
+    the vendor library it calls, for the report. With `bindings`, kernels are chosen for the concrete
+    shapes of that bucket (the plan keeps the symbolic graph and records the bindings)."""
     types = verify(graph)
+    if bindings:
+        types = verify(specialize(graph, bindings))
     library = list(kernel_library(family) if library is None else library)
     library_call = dict(library_call or {})
     chosen: list[PlanGroup] = []
 
     def plan_group(group: NodeGroup, kernel: KernelFile) -> PlanGroup:
-        config: dict[str, Any] = dict(kernel.configs[0])
+        config: dict[str, Any] = dict(kernel.configs_for(profile.target)[0])
         choice = KernelChoice(kernel_path(kernel), kernel.sha256, config, library_call.get(kernel.name))
         return PlanGroup(
-            group.id, group.pattern, tuple(group.nodes), tuple(group.inputs), tuple(group.outputs), choice
+            group.id,
+            group.pattern,
+            tuple(group.nodes),
+            tuple(group.inputs),
+            tuple(group.outputs),
+            choice,
+            tuple(group.roles),
         )
 
     for group in fuse(graph, patterns):
@@ -106,4 +117,12 @@ def lower_onto_library(
                     f"on {profile.target}; backends that support it: {where}"
                 )
             chosen.append(plan_group(single, kernel))
-    return Plan(backend_name, str(profile.target), profile.id, graph, {}, chosen, model=model or graph.name)
+    return Plan(
+        backend_name,
+        str(profile.target),
+        profile.id,
+        graph,
+        dict(bindings or {}),
+        chosen,
+        model=model or graph.name,
+    )

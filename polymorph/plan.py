@@ -36,6 +36,7 @@ class PlanGroup:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     kernel: KernelChoice
+    roles: tuple[tuple[str, tuple[str, ...]], ...] = ()  # pattern step -> node names (fused groups)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Plan:
                     "inputs": list(g.inputs),
                     "outputs": list(g.outputs),
                     "kernel": asdict(g.kernel),
+                    "roles": {step: list(nodes) for step, nodes in g.roles},
                 }
                 for g in self.groups
             ],
@@ -112,6 +114,7 @@ class Plan:
                     tuple(g["inputs"]),
                     tuple(g["outputs"]),
                     KernelChoice(**g["kernel"]),
+                    tuple((step, tuple(nodes)) for step, nodes in g.get("roles", {}).items()),
                 )
                 for g in d["groups"]
             ]

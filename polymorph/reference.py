@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from polymorph.errors import UserError
+from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.ops import OPS, normalize_attrs
 from polymorph.ir.shapes import bind, format_shape
@@ -264,21 +265,32 @@ def bind_symbols(graph: Graph, arrays: Mapping[str, Array]) -> dict[str, int]:
 
     A missing leaf, a wrong dtype, a wrong rank or a dim that contradicts another raises UserError.
     """
+    leaves = {}
+    for name, arr in arrays.items():
+        try:
+            leaves[name] = (DType.of(arr), tuple(arr.shape))
+        except ValueError:
+            raise UserError(f"`{name}` is {arr.dtype}, which no IR dtype stores") from None
+    return bind_leaf_shapes(graph, leaves)
+
+
+def bind_leaf_shapes(graph: Graph, leaves: Mapping[str, tuple[DType, tuple[int, ...]]]) -> dict[str, int]:
+    """`bind_symbols` from (dtype, shape) pairs, for engines whose tensors are not numpy arrays."""
     bindings: dict[str, int] = {}
     for name, t in graph.leaves().items():
-        if name not in arrays:
+        if name not in leaves:
             raise UserError(f"graph `{graph.name}` needs `{name}` ({t}), which was not given")
-        arr = arrays[name]
-        if arr.dtype != t.dtype.numpy:
-            raise UserError(f"`{name}` is {arr.dtype}, the graph declares {t}")
-        if arr.ndim != t.rank:
-            raise UserError(f"`{name}` has shape {list(arr.shape)}, the graph declares {t}")
-        for dim, size in zip(t.shape, arr.shape, strict=True):
+        dtype, shape = leaves[name]
+        if dtype != t.dtype:
+            raise UserError(f"`{name}` is {dtype}, the graph declares {t}")
+        if len(shape) != t.rank:
+            raise UserError(f"`{name}` has shape {list(shape)}, the graph declares {t}")
+        for dim, size in zip(t.shape, shape, strict=True):
             if isinstance(dim, str):
                 if bindings.setdefault(dim, size) != size:
                     raise UserError(f"`{name}` gives {dim}={size}, another input gave {dim}={bindings[dim]}")
             elif dim != size:
-                raise UserError(f"`{name}` has shape {list(arr.shape)}, the graph declares {t}")
+                raise UserError(f"`{name}` has shape {list(shape)}, the graph declares {t}")
     return bindings
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,11 +34,17 @@ class CpuBackend(Backend):
         ok = Capability(True, "torch on the host CPU")
         return Probe(self.name, ok, ok, Capability(True, "host wall clock (perf_counter_ns)"))
 
-    def lower(self, graph: Graph, profile: Profile) -> Plan:
+    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
         check_profile(self, profile)
         library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
         return lower_onto_library(
-            self.name, self.family, graph, profile, select_patterns(CPU_PATTERNS), library_call=library_call
+            self.name,
+            self.family,
+            graph,
+            profile,
+            select_patterns(CPU_PATTERNS),
+            library_call=library_call,
+            bindings=bindings,
         )
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:

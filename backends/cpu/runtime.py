@@ -10,14 +10,14 @@ import numpy as np
 import torch
 
 from polymorph.backend import Executable
-from polymorph.backends.torch_bridge import TORCH_DTYPE, to_numpy, to_torch
+from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, to_numpy, to_torch
 from polymorph.errors import UserError
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
 from polymorph.kernel_files import Launch, load_choice
 from polymorph.lowering import kernel_spec
 from polymorph.plan import Plan, PlanGroup
-from polymorph.reference import bind_symbols
+from polymorph.reference import bind_leaf_shapes
 from polymorph.target import Target
 
 
@@ -84,14 +84,11 @@ class CpuExecutable(Executable):
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.state:
             raise UserError("allocate_state(cache_blocks) must run before the first step")
-        leaves = {
-            **{k: _meta(v) for k, v in self.params.items()},
-            **{k: _meta(v) for k, v in self.state.items()},
-        }
-        leaves.update(inputs)
-        bindings = bind_symbols(self.graph, leaves)
         env: dict[str, torch.Tensor] = {**self.params, **self.state}
-        env.update({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()})
+        env.update({k: to_torch(v) for k, v in inputs.items()})
+        bindings = bind_leaf_shapes(
+            self.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()}
+        )
         with torch.inference_mode():
             for group, launch in self.launches:
                 outs = [self._output(v, bindings) for v in group.outputs]
@@ -124,11 +121,3 @@ def _auto_threads(weight_elements: int) -> int:
     if knobs.cpu_threads:
         return knobs.cpu_threads
     return 1 if weight_elements < 16_000_000 else (os.cpu_count() or 1)
-
-
-def _meta(t: torch.Tensor) -> np.ndarray:
-    """A zero-size stand-in with the tensor's dtype and shape, so shape binding needs no copy."""
-    dtype = next(d for d, td in TORCH_DTYPE.items() if td == t.dtype)
-    return np.lib.stride_tricks.as_strided(
-        np.zeros(1, dtype=dtype.numpy), shape=tuple(t.shape), strides=(0,) * t.dim()
-    )

@@ -6,6 +6,7 @@ the work of the NVIDIA/AMD backends issue, so `lower` refuses with that reason i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -41,7 +42,7 @@ class CudaBackend(Backend):
             details,
         )
 
-    def lower(self, graph: Graph, profile: Profile) -> Plan:
+    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
         raise UserError(f"backend `cuda` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:

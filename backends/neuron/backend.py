@@ -6,6 +6,7 @@ backend issue, so `lower` refuses with that reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -44,7 +45,7 @@ class NeuronBackend(Backend):
             details,
         )
 
-    def lower(self, graph: Graph, profile: Profile) -> Plan:
+    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
         raise UserError(f"backend `neuron` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
