@@ -1,30 +1,22 @@
 """NVIDIA GPUs (sm_90 H100/H200, sm_100 B200, sm_103 GB300) through the shared Triton kernel library.
 
-Status: the contract is in place (targets, probe); lowering onto kernels/triton/ and the runtime are
-the work of the NVIDIA/AMD backends issue, so `lower` refuses with that reason instead of pretending.
+Compiling needs Triton only (PTX and cubin for the target, without a GPU); running needs an NVIDIA
+GPU and a CUDA build of torch. The lowering, compile and runtime live in backends/gpu/, shared with
+rocm; this file is the NVIDIA-specific part: targets, probe, device facts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Backend, Capability, Feature, Probe
+from polymorph.backend import Capability, Probe
 from polymorph.backends import device_probe
-from polymorph.errors import UserError
-from polymorph.hw import Profile
-from polymorph.ir.graph import Graph
-from polymorph.plan import Plan
-
-NOT_BUILT = "lowering onto kernels/triton/ is not built yet (README status table); cpu compiles today"
+from polymorph.backends.gpu.backend import TritonBackend
 
 
-class CudaBackend(Backend):
+class CudaBackend(TritonBackend):
     name: ClassVar[str] = "cuda"
-    family: ClassVar[str] = "triton"
     targets: ClassVar[tuple[str, ...]] = ("h200", "h100", "b200", "gb300")
-    features: ClassVar[frozenset[Feature]] = frozenset()
 
     def probe(self) -> Probe:
         triton = device_probe.has_module("triton")
@@ -33,17 +25,49 @@ class CudaBackend(Backend):
             "triton": "installed" if triton else "missing (pip install 'polymorph[cuda]')",
             "nvidia device": "present" if gpu else "absent",
         }
-        no_gpu = "no NVIDIA GPU on this machine" if not gpu else NOT_BUILT
-        return Probe(
-            self.name,
-            Capability(False, NOT_BUILT),
-            Capability(False, no_gpu),
-            Capability(False, no_gpu),
-            details,
+        compile_cap = (
+            Capability(True, "Triton AOT: PTX and cubin for sm_90/sm_100 without a GPU")
+            if triton
+            else Capability(False, "Triton is not installed: pip install 'polymorph[cuda]'")
         )
+        if not gpu:
+            run = Capability(False, "no NVIDIA GPU on this machine")
+        elif not triton:
+            run = Capability(False, "Triton is not installed: pip install 'polymorph[cuda]'")
+        else:
+            run = Capability(True, "NVIDIA GPU through torch and Triton, CUDA graphs")
+        measure = Capability(run.ok, "CUDA events" if run.ok else run.reason)
+        return Probe(self.name, compile_cap, run, measure, details)
 
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
-        raise UserError(f"backend `cuda` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")
 
-    def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
-        raise UserError(f"backend `cuda` cannot compile: {NOT_BUILT}")
+def device_facts(index: int = 0) -> dict[str, Any]:
+    """Facts torch does not expose, read through cuda-python's driver API (cuda.bindings)."""
+    from cuda.bindings import driver
+
+    (err,) = driver.cuInit(0)
+    _check(err)
+    err, dev = driver.cuDeviceGet(index)
+    _check(err)
+    attrs = {
+        "sm_count": driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "l2_bytes": driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+        "max_shared_per_block_optin": driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        "memory_clock_khz": driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE,
+        "memory_bus_bits": driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+    }
+    out: dict[str, Any] = {}
+    for key, attr in attrs.items():
+        err, value = driver.cuDeviceGetAttribute(attr, dev)
+        _check(err)
+        out[key] = value
+    err, name = driver.cuDeviceGetName(128, dev)
+    _check(err)
+    out["name"] = name.split(b"\0", 1)[0].decode()
+    return out
+
+
+def _check(err: Any) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver call failed: {err}")

@@ -1,51 +1,44 @@
 """AMD Instinct GPUs (gfx942 MI300X, gfx950 MI355X) through the shared Triton kernel library.
 
-Status: the contract is in place (targets, probe); lowering, AMDGCN/HSACO compile and the HIP
-runtime are the work of the NVIDIA/AMD backends issue, so `lower` refuses with that reason.
+Compiling needs Triton only (AMDGCN and HSACO for the target, with VGPR/SGPR/LDS/scratch and
+occupancy read from the compiled code). Running needs an AMD GPU with PyTorch built for ROCm: torch
+exposes HIP devices under the "cuda" device type and records HIP graphs through torch.cuda.CUDAGraph,
+so backends/gpu/runtime.py runs unchanged there (HIP's hipStreamBeginCapture/hipGraphLaunch under
+the hood). That path is written against the ROCm documentation and has not run here: no AMD machine
+is reachable (README status table); its tests carry the `rocm` marker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import ClassVar
 
-from polymorph.backend import Artifact, Backend, Capability, Feature, Probe
+from polymorph.backend import Capability, Probe
 from polymorph.backends import device_probe
-from polymorph.errors import UserError
-from polymorph.hw import Profile
-from polymorph.ir.graph import Graph
-from polymorph.plan import Plan
-
-NOT_BUILT = "lowering onto kernels/triton/ for gfx942/gfx950 is not built yet (README status table)"
+from polymorph.backends.gpu.backend import TritonBackend
 
 
-class RocmBackend(Backend):
+class RocmBackend(TritonBackend):
     name: ClassVar[str] = "rocm"
-    family: ClassVar[str] = "triton"
     targets: ClassVar[tuple[str, ...]] = ("mi355x", "mi300x")
-    features: ClassVar[frozenset[Feature]] = frozenset()
 
     def probe(self) -> Probe:
+        triton = device_probe.has_module("triton")
         gpu = device_probe.amd_device()
         details = {
-            "triton": "installed"
-            if device_probe.has_module("triton")
-            else "missing (pip install 'polymorph[rocm]')",
+            "triton": "installed" if triton else "missing (pip install 'polymorph[rocm]')",
             "hip-python": "installed" if device_probe.has_module("hip") else "missing",
             "amd device": "present (/dev/kfd)" if gpu else "absent",
         }
-        no_gpu = "no AMD GPU on this machine (/dev/kfd absent)" if not gpu else NOT_BUILT
-        return Probe(
-            self.name,
-            Capability(False, NOT_BUILT),
-            Capability(False, no_gpu),
-            Capability(False, no_gpu),
-            details,
+        compile_cap = (
+            Capability(True, "Triton AOT: AMDGCN and HSACO for gfx942/gfx950 without a GPU")
+            if triton
+            else Capability(False, "Triton is not installed: pip install 'polymorph[rocm]'")
         )
-
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
-        raise UserError(f"backend `rocm` cannot lower `{graph.name}` for {profile.id}: {NOT_BUILT}")
-
-    def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
-        raise UserError(f"backend `rocm` cannot compile: {NOT_BUILT}")
+        if not gpu:
+            run = Capability(False, "no AMD GPU on this machine (/dev/kfd absent)")
+        elif not triton:
+            run = Capability(False, "Triton is not installed: pip install 'polymorph[rocm]'")
+        else:
+            run = Capability(True, "AMD GPU through PyTorch-ROCm and Triton, HIP graphs")
+        measure = Capability(run.ok, "HIP events through torch.cuda.Event" if run.ok else run.reason)
+        return Probe(self.name, compile_cap, run, measure, details)

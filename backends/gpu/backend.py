@@ -1,0 +1,134 @@
+"""The Triton lowering and ahead-of-time compile shared by the cuda and rocm backends."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from polymorph.backend import Artifact, Backend, Feature, check_profile
+from polymorph.errors import UserError
+from polymorph.hw import Profile
+from polymorph.ir.graph import Graph
+from polymorph.kernel_files import KernelFile, load_choice
+from polymorph.lowering import kernel_spec, lower_onto_library
+from polymorph.passes import select_patterns, specialize
+from polymorph.plan import Plan
+from polymorph.predict import plan_report
+from polymorph.target import Target
+
+# The fusions kernels/triton/ has kernels for, in match order: the norm folded into the q/k/v GEMV
+# with rope and the cache write in its epilogue; the norm folded into the gate/up GEMV with SwiGLU;
+# the residual add in the o/down projection's epilogue; a norm with the projections that read it.
+GPU_PATTERNS = (
+    "rmsnorm+qkv+rope+kv_write",
+    "rmsnorm+linear+silu*mul",
+    "qkv+qk_norm+rope+kv_write",
+    "linear+residual",
+    "rmsnorm+linear",
+)
+# Kernel files that call a library instead of launching a Triton kernel of ours (the report says so).
+LIBRARY_CALLS = {"layout": "torch"}
+
+
+class TritonBackend(Backend):
+    family: ClassVar[str] = "triton"
+    features: ClassVar[frozenset[Feature]] = frozenset(
+        {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.GRAPH_CAPTURE, Feature.AOT_COMPILE}
+    )
+
+    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
+        check_profile(self, profile)
+        return lower_onto_library(
+            self.name,
+            self.family,
+            graph,
+            profile,
+            select_patterns(GPU_PATTERNS),
+            library_call=LIBRARY_CALLS,
+            bindings=bindings,
+        )
+
+    def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
+        """Compile every kernel of the plan for its target at the plan's bucket, without the device.
+
+        Writes `device/<kernel>-<hash>.{ptx,cubin|amdgcn,hsaco,ttgir}` per distinct specialization,
+        plan.json, graph.json and report.json (registers or VGPRs/SGPRs, shared memory or LDS, spills,
+        occupancy per kernel)."""
+        target = Target.parse(plan.target)
+        missing = sorted(plan.graph.symbols() - set(plan.bindings))
+        if missing:
+            raise UserError(f"compiling for {target} needs concrete dims; {', '.join(missing)} have none")
+        concrete = specialize(plan.graph, plan.bindings)
+        types = concrete.types()
+        compiled: dict[str, Any] = {}  # specialization key -> CompiledUnit (identical layers compile once)
+        resources: dict[str, dict[str, Any]] = {}
+        files: dict[str, list[str]] = {}
+        for group in plan.groups:
+            kernel = load_choice(group.kernel.file, group.kernel.sha256)
+            spec = kernel_spec(concrete, group, types, target)
+            units = kernel.compile_units(spec, group.kernel.config, target)
+            resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled)
+        artifact = Artifact(plan, plan_report(plan, resources_of=lambda g: resources[g.id]), out_dir)
+        spills = [k for k in artifact.report.kernels if (k.resources.get("spill_bytes") or 0) > 0]
+        for k in spills:
+            artifact.report.warnings.append(
+                f"{k.group}: {k.resources['spill_bytes']} bytes spilled to local memory"
+            )
+        if out_dir is not None:
+            device = out_dir / "device"
+            device.mkdir(parents=True, exist_ok=True)
+            for key, unit in compiled.items():
+                for stage, code in unit.device_code().items():
+                    path = device / f"{key}.{stage}"
+                    if isinstance(code, bytes):
+                        path.write_bytes(code)
+                    else:
+                        path.write_text(code)
+                    artifact.files.append(str(path.relative_to(out_dir)))
+            (device / "groups.json").write_text(json.dumps(files, indent=1) + "\n")
+            plan.save(out_dir)
+            artifact.report.artifacts = sorted(artifact.files)
+            artifact.report.save(out_dir)
+        return artifact
+
+    def load(self, artifact: Artifact, weights):  # type: ignore[override]
+        from polymorph.backends.gpu.runtime import GpuExecutable
+
+        return GpuExecutable(self, artifact.plan, weights)
+
+
+def _compile_group(
+    kernel: KernelFile, units: list, target: Target, compiled: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Compile a group's units (reusing identical ones); merge their resources for the report."""
+    from polymorph.backends.gpu.aot import compile_unit
+
+    if not units:
+        return {"device_code": False, "note": "library call: no kernel of ours"}, []
+    keys = []
+    merged: dict[str, Any] = {"units": []}
+    for unit in units:
+        sig = json.dumps([unit.name, sorted(unit.signature.items()), sorted(unit.constexprs.items()),
+                          sorted(unit.options.items())], default=str)  # fmt: skip
+        key = f"{re.sub(r'[^A-Za-z0-9_]', '_', kernel.name)}-{unit.name}-{_short_hash(kernel.sha256 + sig)}"
+        if key not in compiled:
+            compiled[key] = compile_unit(unit, target)
+        keys.append(key)
+        merged["units"].append({"unit": unit.name, **compiled[key].resources})
+    for field in ("registers", "vgprs", "sgprs", "shared_bytes", "lds_bytes", "spill_bytes", "scratch_bytes"):
+        values = [u.get(field) for u in merged["units"] if u.get(field) is not None]
+        if values:
+            merged[field] = max(values)
+    occupancy = [u["occupancy"] for u in merged["units"] if u.get("occupancy") is not None]
+    if occupancy:
+        merged["occupancy"] = min(occupancy)
+    return merged, keys
+
+
+def _short_hash(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
