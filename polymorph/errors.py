@@ -7,17 +7,32 @@ that rejected). Anything else is a bug in polymorph and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(message: str) -> str:
+    """`message` with control characters escaped (a name from a user's file may hold a newline)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
 
 class UserError(Exception):
     """Bad input, bad usage or a missing dependency: one line naming the cause and the fix."""
 
     exit_code = 2
 
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
 
 class CheckFailed(Exception):
     """A check ran and failed (verify mismatch, a gate rejected a candidate)."""
 
     exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 class MissingDependency(UserError):

@@ -194,3 +194,20 @@ def load_choice(file: str, sha256: str, artifact_dir: Path | None = None) -> Ker
                 )
             return kernel
     raise UserError(f"kernel `{file}` ({sha256[:12]}) not found in {', '.join(map(str, candidates))}")
+
+
+def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
+    """Copy the source of every kernel a plan names to `out_dir/kernels/<sha256>.py`, so a compile
+    output runs the code it was compiled from; return the written paths relative to `out_dir`."""
+    import shutil
+
+    kernel_dir = out_dir / "kernels"
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for group in plan.groups:
+        dest = kernel_dir / f"{group.kernel.sha256}.py"
+        if not dest.exists():
+            src = Path(group.kernel.file)
+            shutil.copyfile(src if src.is_absolute() else kernels_root() / src, dest)
+            written.append(str(dest.relative_to(out_dir)))
+    return written

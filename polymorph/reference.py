@@ -34,6 +34,8 @@ def f32(x: Array) -> Array:
 
 def _embedding(ins: list[Array], a: Mapping) -> list[Array]:
     table, ids = ins
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise UserError(f"token ids must be in [0, {table.shape[0]}), got {ids.min()}..{ids.max()}")
     return [table[ids]]
 
 
@@ -116,6 +118,8 @@ def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p = p / p.sum(axis=-1, keepdims=True)
+    # A slot no query sees may hold anything (unwritten cache memory): it must not reach the output.
+    v = np.where(visible.any(axis=1)[:, :, None, None], v, np.float32(0))
     out = np.einsum("bgrst,btgd->bsgrd", p, v)
     return out.reshape(b, s, h, d)
 
@@ -152,12 +156,17 @@ def _gelu(ins: list[Array], a: Mapping) -> list[Array]:
     return [(0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)]
 
 
+def _arith(x: Array) -> Array:
+    """float32 for float tensors; integers stay integers (i32 + i32 must not round through f32)."""
+    return x if np.issubdtype(x.dtype, np.integer) else f32(x)
+
+
 def _mul(ins: list[Array], a: Mapping) -> list[Array]:
-    return [f32(ins[0]) * f32(ins[1])]
+    return [_arith(ins[0]) * _arith(ins[1])]
 
 
 def _add(ins: list[Array], a: Mapping) -> list[Array]:
-    return [f32(ins[0]) + f32(ins[1])]
+    return [_arith(ins[0]) + _arith(ins[1])]
 
 
 def softmax(x: Array, axis: int = -1) -> Array:
@@ -208,18 +217,18 @@ def _argmax(ins: list[Array], a: Mapping) -> list[Array]:
 
 
 def _reshape(ins: list[Array], a: Mapping, shape: tuple[int, ...] = ()) -> list[Array]:
-    return [ins[0].reshape(shape)]
+    return [ins[0].reshape(shape).copy()]
 
 
 def _transpose(ins: list[Array], a: Mapping) -> list[Array]:
-    return [np.transpose(ins[0], a["perm"])]
+    return [np.transpose(ins[0], a["perm"]).copy()]
 
 
 def _slice(ins: list[Array], a: Mapping) -> list[Array]:
     x = ins[0]
     index = [slice(None)] * x.ndim
     index[a["axis"]] = slice(a["start"], a["end"])
-    return [x[tuple(index)]]
+    return [x[tuple(index)].copy()]
 
 
 def _concat(ins: list[Array], a: Mapping) -> list[Array]:
@@ -227,7 +236,7 @@ def _concat(ins: list[Array], a: Mapping) -> list[Array]:
 
 
 def _cast(ins: list[Array], a: Mapping) -> list[Array]:
-    return [ins[0]]  # the interpreter casts every result to its inferred dtype
+    return [ins[0].copy()]  # the interpreter casts every result to its inferred dtype
 
 
 REFERENCE: dict[str, RefFn] = {

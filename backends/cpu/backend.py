@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -11,6 +10,7 @@ from typing import ClassVar
 from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
 from polymorph.hw import Profile
 from polymorph.ir.graph import Graph
+from polymorph.kernel_files import copy_kernel_sources
 from polymorph.lowering import lower_onto_library
 from polymorph.passes import select_patterns
 from polymorph.plan import Plan
@@ -56,15 +56,7 @@ class CpuBackend(Backend):
         report = plan_report(plan, resources_of=lambda group: {})
         artifact = Artifact(plan, report, out_dir)
         if out_dir is not None:
-            kernel_dir = out_dir / "kernels"
-            kernel_dir.mkdir(parents=True, exist_ok=True)
-            from polymorph.kernel_files import kernels_root
-
-            for group in plan.groups:
-                dest = kernel_dir / f"{group.kernel.sha256}.py"
-                if not dest.exists():
-                    shutil.copyfile(_kernel_source(group.kernel.file, kernels_root()), dest)
-                    artifact.files.append(str(dest.relative_to(out_dir)))
+            artifact.files += copy_kernel_sources(plan, out_dir)
             plan.save(out_dir)
             report.artifacts = sorted(artifact.files)
             report.save(out_dir)
@@ -73,9 +65,4 @@ class CpuBackend(Backend):
     def load(self, artifact: Artifact, weights):  # type: ignore[override]
         from polymorph.backends.cpu.runtime import CpuExecutable
 
-        return CpuExecutable(artifact.plan, weights)
-
-
-def _kernel_source(file: str, root: Path) -> Path:
-    path = Path(file)
-    return path if path.is_absolute() else root / path
+        return CpuExecutable(artifact.plan, weights, artifact_dir=artifact.out_dir)

@@ -65,6 +65,7 @@ class CpuExecutable(Executable):
         # torch's thread count is process-wide: the executable sets it once for its process.
         torch.set_num_threads(self.threads)
         self.state: dict[str, torch.Tensor] = {}
+        self.allocated = not self.graph.state  # a graph without state needs no allocate_state
         self.launches = build_launches(plan, artifact_dir)
 
     def allocate_state(self, cache_blocks: int) -> None:
@@ -72,6 +73,7 @@ class CpuExecutable(Executable):
             name: torch.zeros(concrete(t.shape, {"cache_blocks": cache_blocks}), dtype=TORCH_DTYPE[t.dtype])
             for name, t in self.graph.state.items()
         }
+        self.allocated = True
 
     def swap(self, group_id: str, launch: Launch) -> None:
         """Replace one group's launch (hot reload); weights and state stay as they are."""
@@ -82,7 +84,7 @@ class CpuExecutable(Executable):
         raise UserError(f"no node group `{group_id}` in this plan")
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not self.state:
+        if not self.allocated:
             raise UserError("allocate_state(cache_blocks) must run before the first step")
         env: dict[str, torch.Tensor] = {**self.params, **self.state}
         env.update({k: to_torch(v) for k, v in inputs.items()})

@@ -12,7 +12,7 @@ from polymorph.backend import Artifact, Backend, Feature, check_profile
 from polymorph.errors import UserError
 from polymorph.hw import Profile
 from polymorph.ir.graph import Graph
-from polymorph.kernel_files import KernelFile, load_choice
+from polymorph.kernel_files import KernelFile, copy_kernel_sources, load_choice
 from polymorph.lowering import kernel_spec, lower_onto_library
 from polymorph.passes import select_patterns, specialize
 from polymorph.plan import Plan
@@ -89,6 +89,7 @@ class TritonBackend(Backend):
                         path.write_text(code)
                     artifact.files.append(str(path.relative_to(out_dir)))
             (device / "groups.json").write_text(json.dumps(files, indent=1) + "\n")
+            artifact.files += copy_kernel_sources(plan, out_dir)
             plan.save(out_dir)
             artifact.report.artifacts = sorted(artifact.files)
             artifact.report.save(out_dir)
@@ -97,7 +98,7 @@ class TritonBackend(Backend):
     def load(self, artifact: Artifact, weights):  # type: ignore[override]
         from polymorph.backends.gpu.runtime import GpuExecutable
 
-        return GpuExecutable(self, artifact.plan, weights)
+        return GpuExecutable(self, artifact.plan, weights, artifact_dir=artifact.out_dir)
 
 
 def _compile_group(

@@ -40,7 +40,7 @@ class _Captured:
 
 class GpuExecutable(Executable):
     def __init__(self, backend: Any, plan: Plan, weights: Mapping[str, np.ndarray], *, device: str | None = None,
-                 capture: bool = True, poison: bool = False) -> None:  # fmt: skip
+                 capture: bool = True, poison: bool = False, artifact_dir: Any = None) -> None:  # fmt: skip
         self.backend = backend
         self.plan = plan
         self.graph = plan.graph
@@ -56,6 +56,7 @@ class GpuExecutable(Executable):
                 )
         self.capture = capture and self.device.type == "cuda"
         self.poison = poison
+        self.artifact_dir = artifact_dir
         self.alias = state_aliases(self.graph)
         missing = set(self.graph.params) - set(weights)
         if missing:
@@ -66,6 +67,7 @@ class GpuExecutable(Executable):
             for name, w in ((n, weights[n]) for n in self.graph.params)
         }
         self.state: dict[str, torch.Tensor] = {}
+        self.allocated = not self.graph.state
         self._launches: dict[tuple, tuple[dict[str, Any], list[tuple[PlanGroup, Launch]]]] = {}
         self._captured: dict[tuple, _Captured] = {}
         self._overrides: dict[str, Launch] = {}
@@ -83,7 +85,7 @@ class GpuExecutable(Executable):
         types = concrete_graph.types()
         out = []
         for group in plan.groups:
-            kernel = load_choice(group.kernel.file, group.kernel.sha256)
+            kernel = load_choice(group.kernel.file, group.kernel.sha256, self.artifact_dir)
             spec = kernel_spec(concrete_graph, group, types, self.target)
             out.append((group, kernel.build(spec, group.kernel.config, self.target)))
         return out
@@ -111,6 +113,7 @@ class GpuExecutable(Executable):
             )
             for name, t in self.graph.state.items()
         }
+        self.allocated = True
         self._captured.clear()  # captured graphs point at the old cache
 
     def read_state(self, name: str) -> np.ndarray:
@@ -149,7 +152,7 @@ class GpuExecutable(Executable):
 
     def run_device(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One step on device tensors, no host copies: replays a captured graph for decode steps."""
-        if not self.state:
+        if not self.allocated:
             raise UserError("allocate_state(cache_blocks) must run before the first step")
         bindings = self.bindings_of(inputs)
         if not self.capture or bindings.get("seq", 1) != 1:

@@ -131,6 +131,7 @@ def _cost_matmul(ins, outs, attrs) -> Cost:
 def _infer_norm(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     x = ins[0]
     _float(x, "x")
+    _req(x.rank >= 1, f"x must have at least one dim, got {x}")
     for i, p in enumerate(ins[1:], start=1):
         _req(p.shape == (x.shape[-1],), f"input {i} must be [{x.shape[-1]}], got {p}")
     return [x]
@@ -178,6 +179,8 @@ def _check_gqa(q: TensorType, kv_heads: Dim, head_dim: Dim) -> None:
     _req(q.rank == 4, f"q must be [batch, seq, heads, head_dim], got {q}")
     _same_dim(q.shape[3], head_dim, "q and k/v head_dim")
     h = q.shape[2]
+    if isinstance(kv_heads, int):
+        _req(kv_heads > 0, "k/v have no heads")
     if isinstance(h, int) and isinstance(kv_heads, int):
         _req(h % kv_heads == 0, f"query heads {h} are not a multiple of kv heads {kv_heads}")
 
@@ -262,6 +265,7 @@ def _infer_softmax(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
 def _infer_topk_router(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     (logits,) = ins
     _float(logits, "router logits")
+    _req(logits.rank >= 1, f"router logits must be [*, experts], got {logits}")
     k, experts = attrs["k"], logits.shape[-1]
     _req(k >= 1, "k must be >= 1")
     _req(not isinstance(experts, int) or k <= experts, f"k={k} exceeds the {experts} experts")
@@ -276,6 +280,7 @@ def _cost_topk_router(ins, outs, attrs) -> Cost:
 def _infer_moe_ffn(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     x, weights, idx, wg, wu, wd = ins
     _float(x, "x")
+    _req(x.rank >= 1 and weights.rank >= 1, f"x must be [*, dim] and routing [*, k], got {x} and {weights}")
     _float(weights, "routing weights")
     _int(idx, "expert indices")
     _req(weights.shape == idx.shape, f"routing weights {weights} and indices {idx} differ")

@@ -28,7 +28,8 @@ def format_graph(graph: Graph) -> str:
     for n in graph.nodes:
         outs = ", ".join(f"%{o}: {types[o]}" for o in n.outputs)
         args = ", ".join(n.inputs)
-        lines.append(f"  {outs} = {n.op}({args}){_attrs_text(n.op, dict(n.attrs))}")
+        named = "" if n.outputs == (n.name,) else f"  # node {n.name}"
+        lines.append(f"  {outs} = {n.op}({args}){_attrs_text(n.op, dict(n.attrs))}{named}")
     for name, value in graph.outputs.items():
         lines.append(f"  output {name} = %{value}")
     for name, value in graph.state_updates.items():

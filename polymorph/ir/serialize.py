@@ -67,6 +67,11 @@ def content_hash(graph: Graph) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _printable(name: Any) -> str:
+    """A name as it can appear in a one-line message (control characters escaped)."""
+    return repr(name)[1:-1] if isinstance(name, str) else repr(name)
+
+
 def from_dict(d: Any, source: str = "<graph>") -> Graph:
     """Read a graph from its JSON form. Structural faults raise GraphFormatError naming `source`.
 
@@ -92,7 +97,7 @@ def from_dict(d: Any, source: str = "<graph>") -> Graph:
         out = {}
         for name, t in table.items():
             if not isinstance(t, dict) or set(t) != {"dtype", "shape"} or not isinstance(t["shape"], list):
-                raise fail(f"{key}.{name}", "expected {dtype, shape}")
+                raise fail(f"{key}.{_printable(name)}", "expected {dtype, shape}")
             try:
                 dtype = DType.parse(str(t["dtype"]))
             except ValueError as e:
@@ -109,9 +114,13 @@ def from_dict(d: Any, source: str = "<graph>") -> Graph:
     for i, n in enumerate(d["nodes"]):
         if not isinstance(n, dict) or not {"name", "op", "inputs", "outputs"} <= set(n):
             raise fail(f"nodes[{i}]", "expected {name, op, inputs, outputs, attrs}")
-        where = f"node `{n['name']}`"
-        if not all(isinstance(v, str) for v in [*n["inputs"], *n["outputs"]]):
-            raise fail(where, "inputs and outputs must be value names")
+        where = f"node `{_printable(n['name'])}`"
+        if not isinstance(n["name"], str) or not isinstance(n["op"], str):
+            raise fail(where, "name and op must be strings")
+        if not all(isinstance(n[k], list) for k in ("inputs", "outputs")) or not all(
+            isinstance(v, str) for v in [*n["inputs"], *n["outputs"]]
+        ):
+            raise fail(where, "inputs and outputs must be lists of value names")
         attrs = n.get("attrs", {})
         if not isinstance(attrs, dict):
             raise fail(where, "attrs must be an object")
@@ -127,6 +136,8 @@ def from_dict(d: Any, source: str = "<graph>") -> Graph:
             raise fail(key, "expected an object of name -> value name")
     if not isinstance(d["name"], str):
         raise fail("name", "expected a string")
+    if not isinstance(d.get("meta", {}), dict):
+        raise fail("meta", "expected an object")
     return Graph(
         name=d["name"],
         inputs=tensor_types("inputs"),
@@ -146,15 +157,19 @@ def from_json(text: str, source: str = "<graph>") -> Graph:
         raise GraphFormatError(
             f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
         ) from None
+    except RecursionError:
+        raise GraphFormatError(f"{source}: JSON nested too deeply to be a graph") from None
     return from_dict(d, source)
 
 
 def load(path: str | Path) -> Graph:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise GraphFormatError(f"{path}: cannot read the IR file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise GraphFormatError(f"{path}: not a UTF-8 text file; an IR file is JSON") from None
     return from_json(text, str(path))
 
 

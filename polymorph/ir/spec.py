@@ -73,6 +73,9 @@ def verify(graph: Graph) -> dict[str, TensorType]:
     for out, value in graph.outputs.items():
         if value not in types:
             raise fail(f"output `{out}`", f"names undefined value `{value}`")
+        root = value if value in graph.state else write_root.get(value)
+        if root is not None and last_write.get(root, root) != value:
+            raise fail(f"output `{out}`", f"returns `{value}`, a stale version of state `{root}`")
     for state, value in graph.state_updates.items():
         if state not in graph.state:
             raise fail(f"state update `{state}`", "is not a state tensor")

@@ -124,7 +124,10 @@ def load_model(
 
     seed = knobs.seed if seed is None else seed
     block_size = knobs.kv_block_size if block_size is None else block_size
-    dt = DType.F32 if dtype is None else (dtype if isinstance(dtype, DType) else DType.parse(str(dtype)))
+    try:
+        dt = DType.F32 if dtype is None else (dtype if isinstance(dtype, DType) else DType.parse(str(dtype)))
+    except ValueError as e:
+        raise UserError(f"--dtype: {e}") from None
     text = str(spec)
     path = Path(text)
     if text in zoo_names():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polymorph.backend import Executable
+from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.session import Session
@@ -60,15 +61,35 @@ def verify_executable(
     sessions = [Session(e, graph, batch=batch, max_ctx=max_ctx) for e in (candidate, stock)]
     result = VerifyResult(tol)
     seqs = list(range(batch))
+
+    def check(name: str, seq_ids: list[int], tokens: np.ndarray) -> np.ndarray | None:
+        want = sessions[1].step(seq_ids, tokens)
+        try:
+            got = sessions[0].step(seq_ids, tokens)
+        except UserError:
+            raise
+        except Exception as e:  # a candidate that crashes fails the step; it does not crash the check
+            result.steps.append(StepCheck(name, _crashed(want, e)))
+            return None
+        result.steps.append(StepCheck(name, compare(got, want, tol)))
+        return want
+
     next_tokens = []
     for seq, n in zip(seqs, prompt_lens, strict=True):
         prompt = rng.integers(0, vocab, size=(1, n), dtype=np.int32)
-        got, want = (s.step([seq], prompt) for s in sessions)
-        result.steps.append(StepCheck(f"prefill seq {seq} ({n} tokens)", compare(got, want, tol)))
+        want = check(f"prefill seq {seq} ({n} tokens)", [seq], prompt)
+        if want is None:
+            return result
         next_tokens.append(int(np.argmax(want[0, -1])))
     for i in range(decode_steps):
         tokens = np.array(next_tokens, dtype=np.int32)[:, None]
-        got, want = (s.step(seqs, tokens) for s in sessions)
-        result.steps.append(StepCheck(f"decode step {i} (batch {batch}, ragged)", compare(got, want, tol)))
+        want = check(f"decode step {i} (batch {batch}, ragged)", seqs, tokens)
+        if want is None:
+            return result
         next_tokens = [int(t) for t in np.argmax(want[:, -1], axis=-1)]
     return result
+
+
+def _crashed(expected: np.ndarray, error: Exception) -> Comparison:
+    reason = f"the candidate raised {type(error).__name__}: {error}"
+    return Comparison(False, float("inf"), float("inf"), expected.size, expected.size, (), reason)
