@@ -63,7 +63,10 @@ def compile_unit(unit: CompileUnit, target: Target) -> CompiledUnit:
     options = dict(unit.options)
     if target.family != "rocm":
         options.pop("waves_per_eu", None)  # an AMD-only compile option
-    src = ASTSource(unit.fn, dict(unit.signature), constexprs=dict(unit.constexprs))
+    # Pointers are 16-byte aligned, as Triton's JIT assumes for torch tensors at launch: without this
+    # attribute the AOT build would use narrower loads than the code that runs, and report on it.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(unit.signature.values()) if t.startswith("*")}
+    src = ASTSource(unit.fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
     try:
         compiled = triton.compile(src, target=gpu_target(target), options=options)
     except Exception as e:  # the compiler's own error, with the unit it was compiling

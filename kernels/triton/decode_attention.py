@@ -1,0 +1,431 @@
+"""Decode attention over the paged KV cache: flash-decoding, split over the context.
+
+cache_attention for S <= 4 new tokens per sequence (decode, or a few speculative tokens), each query row
+independent: token (b, s) attends to logical positions 0..positions[b, s] of sequence b, whose cache
+blocks are block_table[b, :] (shuffled, shared or not: only the table says where a block lives).
+
+Two kernels:
+  split   grid (batch, kv_heads, splits). A program holds every query row of one kv head group (the
+          S x H/Hkv rows that share it, padded to a tl.dot tile), so K and V are read once per group,
+          and walks its share of the sequence's logical tokens BLOCK_N at a time, gathering each
+          token's cache row through block_table. Online softmax in fp32 (exp2, scale folded with
+          log2 e); writes the unnormalised partial (acc, max, sumexp) per split. A split past the end
+          of its sequence (ragged contexts: length = max_s positions[b, s] + 1) exits at once.
+  reduce  grid (batch * S * H,): merges a row's valid splits and writes q.dtype output.
+With a single split the split kernel writes the output itself and there is no reduce launch.
+
+Splits are chosen at build/launch from ctx_blocks (the table's width, the longest context the step may
+have) so that batch x kv_heads x splits is about `ctas_per_cu` programs per SM/CU of the target,
+never shorter than `min_split_tokens` tokens, BLOCK_N lowered to a split shorter than the config's:
+see `_split_plan` (and `occupancy` for what it gives at a shape).
+
+Every shape is a constexpr (the spec is concrete per traffic bucket) and the tensors are contiguous, so
+the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLEMENTS = "cache_attention"
+
+MAX_SEQ = 4  # query tokens per sequence handled here; prefill_attention.py takes S > 4
+
+# block_n: the most tokens per loop iteration (a power of two; a tile may span cache blocks or part of
+# one), lowered for a split shorter than that; min_split_tokens: the least work a split is given;
+# ctas_per_cu: programs per SM/CU to aim for (2: enough loads in flight per SM to stream HBM at
+# decode's tiny arithmetic intensity). On an H200 (Triton 3.6), Llama-3.2-1B heads, bf16, the first
+# config was the fastest or within 3% of it at batch 1/8/32 and 1k-8k contexts.
+_CUDA_CONFIGS = [
+    {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2},
+    {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 3},
+    {"block_n": 64, "min_split_tokens": 128, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 2},
+    {"block_n": 256, "min_split_tokens": 256, "ctas_per_cu": 2, "num_warps": 8, "num_stages": 2},
+    {"block_n": 32, "min_split_tokens": 32, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 3},
+]
+# CDNA: wave64, so 4 warps are 256 lanes; waves_per_eu trades VGPRs for occupancy.
+_ROCM_CONFIGS = [
+    {"block_n": 64, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
+    {"block_n": 32, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2, "waves_per_eu": 4},
+    {"block_n": 128, "min_split_tokens": 256, "ctas_per_cu": 1, "num_warps": 8, "num_stages": 1, "waves_per_eu": 1},
+]  # fmt: skip
+CONFIGS = _CUDA_CONFIGS
+
+_TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
+_FLOATS = ("f32", "bf16", "f16")
+_LOG2E = 1.4426950408889634
+_DEFAULT_COMPUTE_UNITS = 132
+
+
+# Triton's interpreter multiplies bfloat16 bit patterns in tl.dot (triton-lang/triton#11584, not
+# supported upstream): there, and only there, the dots run on operands upcast to fp32 (exact: bf16
+# products fit fp32). Read when the module is loaded, as Triton reads it when the kernels are decorated.
+# The dots are written out in the kernels, not in a helper: each @jit call costs the interpreter ~5 ms.
+_UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,  # [B, S, H, D]
+    k_ptr,  # [cache_blocks, BS, HKV, D]
+    v_ptr,  # [cache_blocks, BS, HKV, D]
+    table_ptr,  # [B, CTX_BLOCKS] int
+    pos_ptr,  # [B, S] int
+    out_ptr,  # [B, S, H, D], written when NUM_SPLITS == 1
+    part_acc_ptr,  # [B * S * H, NUM_SPLITS, D] f32 unnormalised sum p v, when NUM_SPLITS > 1
+    part_m_ptr,  # [B * S * H, NUM_SPLITS] f32 running max (log2 domain)
+    part_l_ptr,  # [B * S * H, NUM_SPLITS] f32 sum of exp2
+    SCALE: tl.constexpr,  # softmax scale * log2(e)
+    S: tl.constexpr,
+    H: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    CTX_BLOCKS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,  # S * H / HKV query rows, padded to a power of two >= 16
+    IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
+):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    sp = tl.program_id(2)
+    REP = H // HKV
+
+    r = tl.arange(0, ROWS)
+    row_ok = r < S * REP
+    s = r // REP  # [ROWS] query token of the row
+    h = g * REP + r % REP  # [ROWS] query head of the row
+    pos = tl.load(pos_ptr + b * S + s, mask=row_ok, other=-1).to(tl.int32)  # [ROWS]
+    n_tok = tl.minimum(tl.max(pos, axis=0) + 1, CTX_BLOCKS * BS)  # tokens this group's rows may see
+    start = sp * SPLIT_TOKENS
+    if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
+        if start >= n_tok:  # past the end of this sequence: nothing to contribute
+            return
+    end = tl.minimum(start + SPLIT_TOKENS, n_tok)
+
+    d = tl.arange(0, D)
+    row = (b * S + s) * H + h  # [ROWS] index of (b, s, h)
+    q = tl.load(q_ptr + row[:, None].to(tl.int64) * D + d[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + n  # [BLOCK_N] logical token
+        t_ok = t < end
+        blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=t_ok, other=0)
+        kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
+        k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)  # [BLOCK_N, D]
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, BLOCK_N] f32
+        elif _UPCAST_DOT:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        visible = t_ok[None, :] & (t[None, :] <= pos[:, None])  # [ROWS, BLOCK_N]
+        qk = tl.where(visible, qk * SCALE, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)  # [BLOCK_N, D]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        elif _UPCAST_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + row[:, None].to(tl.int64) * D + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+    else:
+        part = row.to(tl.int64) * NUM_SPLITS + sp  # [ROWS]
+        tl.store(part_acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_acc_ptr,  # [B * S * H, NUM_SPLITS, D] f32
+    part_m_ptr,  # [B * S * H, NUM_SPLITS] f32
+    part_l_ptr,  # [B * S * H, NUM_SPLITS] f32
+    pos_ptr,  # [B, S] int
+    out_ptr,  # [B, S, H, D]
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    CTX_BLOCKS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr,
+):
+    row = tl.program_id(0)  # (b * S + s) * H + h
+    pos = tl.load(pos_ptr + row // H).to(tl.int32)
+    n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)
+    n_valid = (n_tok + SPLIT_TOKENS - 1) // SPLIT_TOKENS  # splits that saw a token of this row
+    j = tl.arange(0, SPLITS_P2)
+    ok = j < n_valid
+    part = row.to(tl.int64) * NUM_SPLITS + j
+    m = tl.load(part_m_ptr + part, mask=ok, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=ok, other=0.0)
+    w = tl.where(ok, tl.exp2(m - tl.max(m, axis=0)), 0.0)  # [SPLITS_P2]
+    d = tl.arange(0, D)
+    acc = tl.load(part_acc_ptr + part[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + row.to(tl.int64) * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+# --- choosing the work split -------------------------------------------------------------------------
+
+
+@functools.cache
+def _compute_units(target: Any) -> int:
+    """SMs/CUs of the smallest shipped chip of `target`'s arch (vendor figures, so a plan is the same
+    wherever it is made); 132 (H100/H200) where no profile names the arch."""
+    from polymorph import hw
+
+    counts = []
+    for pid in hw.list_profiles():
+        profile = hw.load_profile(pid)
+        if profile.target == target:
+            units = profile.compute_units(calibrated=False)
+            if units:
+                counts.append(units)
+    return min(counts) if counts else _DEFAULT_COMPUTE_UNITS
+
+
+def _split_plan(
+    batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], units: int
+) -> tuple[int, int, int]:
+    """(splits, tokens per split, BLOCK_N): enough programs to put `ctas_per_cu` on every SM/CU, no
+    split shorter than `min_split_tokens`, BLOCK_N the config's or the split's length if that is
+    shorter (at least 16, a tl.dot tile), each split a whole number of BLOCK_N tiles."""
+    want = triton.cdiv(config["ctas_per_cu"] * units, batch * hkv)
+    most = triton.cdiv(ctx_tokens, config["min_split_tokens"])
+    splits = max(1, min(want, most))
+    tokens = triton.cdiv(ctx_tokens, splits)
+    block_n = min(config["block_n"], max(16, 1 << (tokens.bit_length() - 1)))  # largest power of 2 <= tokens
+    split_tokens = triton.cdiv(tokens, block_n) * block_n
+    return triton.cdiv(ctx_tokens, split_tokens), split_tokens, block_n
+
+
+# --- the contract -------------------------------------------------------------------------------------
+
+
+def _is_pow2(x: Any) -> bool:
+    return isinstance(x, int) and x > 0 and x & (x - 1) == 0
+
+
+def supports(spec: Any) -> bool:
+    if len(spec.nodes) != 1 or spec.single.op != "cache_attention" or not spec.target.is_gpu:
+        return False
+    q, kc, vc, table, pos = (spec.types[v] for v in spec.single.inputs)
+    _, s, h, d = q.shape
+    _, bs, hkv, _ = kc.shape
+    return (
+        str(q.dtype) in _FLOATS
+        and kc.dtype == q.dtype
+        and vc.dtype == q.dtype
+        and str(table.dtype) in ("i32", "i64")
+        and str(pos.dtype) in ("i32", "i64")
+        and isinstance(s, int)
+        and 1 <= s <= MAX_SEQ
+        and isinstance(h, int)
+        and isinstance(hkv, int)
+        and isinstance(bs, int)
+        and bs >= 1
+        and _is_pow2(d)
+        and 16 <= d <= 256
+    )
+
+
+def _params(
+    s: int,
+    h: int,
+    hkv: int,
+    d: int,
+    bs: int,
+    batch: int,
+    ctx_blocks: int,
+    scale: float,
+    dtype: str,
+    config: dict[str, Any],
+    units: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The split and reduce kernels' constexprs for one concrete shape."""
+    splits, split_tokens, block_n = _split_plan(batch, hkv, ctx_blocks * bs, config, units)
+    split = {
+        "SCALE": float(scale) * _LOG2E,
+        "S": s,
+        "H": h,
+        "HKV": hkv,
+        "D": d,
+        "BS": bs,
+        "CTX_BLOCKS": ctx_blocks,
+        "NUM_SPLITS": splits,
+        "SPLIT_TOKENS": split_tokens,
+        "BLOCK_N": block_n,
+        "ROWS": max(16, triton.next_power_of_2(s * (h // hkv))),
+        "IEEE": dtype == "f32",
+    }
+    reduce = {
+        "H": h,
+        "D": d,
+        "BS": bs,
+        "CTX_BLOCKS": ctx_blocks,
+        "NUM_SPLITS": splits,
+        "SPLITS_P2": triton.next_power_of_2(splits),
+        "SPLIT_TOKENS": split_tokens,
+    }
+    return split, reduce
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    if target.family == "rocm" and "waves_per_eu" in config:
+        options["waves_per_eu"] = config["waves_per_eu"]
+    return options
+
+
+def _reduce_options(reduce: dict[str, Any]) -> dict[str, Any]:
+    # the [SPLITS_P2, D] fp32 partials in registers: about 32 values a lane
+    return {"num_warps": max(1, min(8, reduce["SPLITS_P2"] * reduce["D"] // 1024)), "num_stages": 1}
+
+
+def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+    node = spec.single
+    args = spec.args(node)
+    scale = spec.attrs()["scale"]
+    q_t, kc_t = spec.types[node.inputs[0]], spec.types[node.inputs[1]]
+    _, s, h, d = q_t.shape
+    _, bs, hkv, _ = kc_t.shape
+    dtype = str(q_t.dtype)
+    options = _options(config, target)
+    units = _compute_units(target)
+    cache: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
+        q, kc, vc, table, pos = (inputs[i] for i in args)
+        q, kc, vc, table, pos = (x.contiguous() for x in (q, kc, vc, table, pos))
+        out = outputs[0]
+        batch, ctx_blocks = table.shape
+        if batch == 0 or ctx_blocks == 0:
+            return
+        key = (batch, ctx_blocks)
+        if key not in cache:
+            cache[key] = _params(s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, units)
+        split, reduce = cache[key]
+        o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        splits = split["NUM_SPLITS"]
+        if splits == 1:
+            part_acc = part_m = part_l = o  # never touched: the kernel writes o directly
+        else:
+            part_acc = torch.empty((batch * s * h, splits, d), dtype=torch.float32, device=q.device)
+            part_m = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
+            part_l = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
+        _decode_split_kernel[(batch, hkv, splits)](
+            q, kc, vc, table, pos, o, part_acc, part_m, part_l, **split, **options
+        )
+        if splits > 1:
+            _decode_reduce_kernel[(batch * s * h,)](
+                part_acc, part_m, part_l, pos, o, **reduce, **_reduce_options(reduce)
+            )
+        if o is not out:
+            out.copy_(o)
+
+    return launch
+
+
+def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+    from polymorph.kernel_files import CompileUnit
+
+    node = spec.single
+    q_t, kc_t, _, table_t, pos_t = (spec.types[v] for v in node.inputs)
+    batch, s, h, d = q_t.shape
+    _, bs, hkv, _ = kc_t.shape
+    ctx_blocks = table_t.shape[1]
+    if not (isinstance(batch, int) and isinstance(ctx_blocks, int)):
+        raise ValueError(
+            f"decode_attention compiles for a concrete batch and ctx_blocks; got q {q_t}, block_table "
+            f"{table_t} (specialize the graph to a traffic bucket first)"
+        )
+    dtype = str(q_t.dtype)
+    split, reduce = _params(
+        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, _compute_units(target)
+    )
+    data, table, pos = (
+        "*" + _TRITON_DTYPE[dtype],
+        "*" + _TRITON_DTYPE[str(table_t.dtype)],
+        "*" + _TRITON_DTYPE[str(pos_t.dtype)],
+    )
+    partial = "*fp32" if split["NUM_SPLITS"] > 1 else data
+    split_sig = {
+        "q_ptr": data,
+        "k_ptr": data,
+        "v_ptr": data,
+        "table_ptr": table,
+        "pos_ptr": pos,
+        "out_ptr": data,
+        "part_acc_ptr": partial,
+        "part_m_ptr": partial,
+        "part_l_ptr": partial,
+        **{name: "constexpr" for name in split},
+    }
+    units = [
+        CompileUnit(
+            "decode_attention.split", _decode_split_kernel, split_sig, split, _options(config, target)
+        )
+    ]
+    if split["NUM_SPLITS"] > 1:
+        reduce_sig = {
+            "part_acc_ptr": "*fp32",
+            "part_m_ptr": "*fp32",
+            "part_l_ptr": "*fp32",
+            "pos_ptr": pos,
+            "out_ptr": data,
+            **{name: "constexpr" for name in reduce},
+        }
+        units.append(
+            CompileUnit(
+                "decode_attention.reduce", _decode_reduce_kernel, reduce_sig, reduce, _reduce_options(reduce)
+            )
+        )
+    return units
+
+
+def occupancy(batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """How the split heuristic fills `target` at one shape (for reports and the tuner's notes)."""
+    units = _compute_units(target)
+    splits, split_tokens, block_n = _split_plan(batch, hkv, ctx_tokens, config, units)
+    ctas = batch * hkv * splits
+    return {
+        "splits": splits,
+        "split_tokens": split_tokens,
+        "block_n": block_n,
+        "ctas": ctas,
+        "compute_units": units,
+        "ctas_per_unit": ctas / units,
+        "waves": math.ceil(ctas / units),
+    }

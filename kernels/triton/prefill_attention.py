@@ -1,0 +1,357 @@
+"""Flash attention for prefill: cache_attention with S > 4 (prefill, chunked prefill) and attention.
+
+One kernel, two ways to find K and V:
+  cache_attention  q[B, S, H, D] over the paged cache [cache_blocks, BS, Hkv, D] (after this step's
+                   kv_write): logical token t of sequence b lives at row t % BS of cache block
+                   block_table[b, t // BS]; query (b, s) sees t <= positions[b, s].
+  attention        q[B, S, H, D] with plain k, v[B, T, Hkv, D]; causal: query s sees t <= s.
+Grid (batch * H, query tiles); a program holds BLOCK_M queries of one head (its kv head is h // (H/Hkv))
+and walks the keys BLOCK_N at a time with tl.dot, online softmax in fp32 (exp2, scale folded with
+log2 e). The keys every row of the tile sees (t < min over the tile of positions + 1) run without a
+mask; the rest, up to the tile's last visible key, with one. Query tiles are issued last-first, so the
+long causal tiles start before the short ones.
+
+Every shape is a constexpr (the spec is concrete per traffic bucket) and the tensors are contiguous, so
+the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLEMENTS = ("cache_attention", "attention")
+
+MIN_CACHE_SEQ = 5  # cache_attention with S <= 4 is decode_attention.py's
+
+# Hopper: 64 queries x 128 keys on one warpgroup, cp.async double-buffered, was the fastest on an H200
+# (Triton 3.6; Llama-3.2-1B heads, bf16) for 128- and 512-token chunks over 4k-8k paged contexts, and
+# within 10% of the best (64 x 64, 4 stages) for a 2k causal prompt.
+_CUDA_CONFIGS = [
+    {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2},
+    {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 4},
+    {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+    {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3},
+]
+# CDNA: wave64 MFMA; the 128 x 64, 4-wave, single-stage tile of the ROCm flash-attention kernels.
+_ROCM_CONFIGS = [
+    {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
+    {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
+    {"block_m": 128, "block_n": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 1},
+]
+CONFIGS = _CUDA_CONFIGS
+
+_TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
+_FLOATS = ("f32", "bf16", "f16")
+_ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
+_LOG2E = 1.4426950408889634
+_CUDA_KV_BYTES = 128 * 1024  # K + V tiles of all pipeline stages (sm_90/sm_100: 227 KB per CTA)
+
+# Triton's interpreter multiplies bfloat16 bit patterns in tl.dot (triton-lang/triton#11584, not
+# supported upstream): there, and only there, the dots run on operands upcast to fp32 (exact: bf16
+# products fit fp32). Read when the module is loaded, as Triton reads it when the kernels are decorated.
+# The kernel has no @jit helpers: each @jit call costs the interpreter ~5 ms.
+_UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+
+
+@triton.jit
+def _flash_attention_kernel(
+    q_ptr,  # [B, S, H, D]
+    k_ptr,  # paged: [cache_blocks, BS, HKV, D]; plain: [B, T, HKV, D]
+    v_ptr,  # like k_ptr
+    table_ptr,  # paged: [B, CTX_BLOCKS] int; plain: unused
+    pos_ptr,  # paged: [B, S] int; plain: unused
+    out_ptr,  # [B, S, H, D]
+    SCALE: tl.constexpr,  # softmax scale * log2(e)
+    S: tl.constexpr,
+    H: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    T: tl.constexpr,  # keys per sequence: CTX_BLOCKS * BS when paged
+    BS: tl.constexpr,
+    CTX_BLOCKS: tl.constexpr,
+    PAGED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
+):
+    bh = tl.program_id(0)
+    mt = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    g = h // (H // HKV)
+
+    s = mt * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query tokens
+    s_ok = s < S
+    if PAGED:
+        pos = tl.load(pos_ptr + b * S + s, mask=s_ok, other=-1).to(tl.int32)
+    elif CAUSAL:
+        pos = tl.where(s_ok, s, -1)
+    else:
+        pos = tl.where(s_ok, T - 1, -1)
+    hi = tl.minimum(tl.max(pos, axis=0) + 1, T)  # keys the tile's last row sees
+    lo = tl.minimum(tl.min(tl.where(s_ok, pos, T), axis=0) + 1, hi)  # keys every row sees
+    lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
+
+    d = tl.arange(0, D)
+    q_rows = (b * S + s).to(tl.int64) * H + h
+    q = tl.load(q_ptr + q_rows[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+    if _UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    # phase 0: keys [0, lo), visible to every row, no mask; phase 1: keys [lo, hi), masked
+    for phase in tl.static_range(2):
+        if phase == 0:
+            t_begin = 0
+            t_end = lo
+        else:
+            t_begin = lo
+            t_end = hi
+        for t0 in range(t_begin, t_end, BLOCK_N):
+            t = t0 + n  # [BLOCK_N] logical key tokens
+            t_ok = t < t_end
+            if PAGED:
+                if phase == 0:
+                    blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS)
+                else:
+                    blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=t_ok, other=0)
+                kv = ((blk.to(tl.int64) * BS + t % BS) * HKV + g) * D  # [BLOCK_N] cache row offsets
+            else:
+                kv = ((b.to(tl.int64) * T + t) * HKV + g) * D
+            if phase == 0:
+                k = tl.load(k_ptr + kv[:, None] + d[None, :])  # [BLOCK_N, D]
+                v = tl.load(v_ptr + kv[:, None] + d[None, :])
+            else:
+                k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N] f32
+            elif _UPCAST_DOT:
+                qk = tl.dot(q, tl.trans(k).to(tl.float32))
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            if phase == 0:
+                qk = qk * SCALE
+            else:
+                visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
+                qk = tl.where(visible, qk * SCALE, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+            p = tl.exp2(qk - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            elif _UPCAST_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + q_rows[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=s_ok[:, None])
+
+
+# --- the contract -------------------------------------------------------------------------------------
+
+
+def _is_pow2(x: Any) -> bool:
+    return isinstance(x, int) and x > 0 and x & (x - 1) == 0
+
+
+def supports(spec: Any) -> bool:
+    if len(spec.nodes) != 1 or not spec.target.is_gpu:
+        return False
+    node = spec.single
+    if node.op not in ("cache_attention", "attention"):
+        return False
+    q, k, v = (spec.types[x] for x in node.inputs[:3])
+    _, s, h, d = q.shape
+    hkv = k.shape[2]
+    ok = (
+        str(q.dtype) in _FLOATS
+        and k.dtype == q.dtype
+        and v.dtype == q.dtype
+        and isinstance(h, int)
+        and isinstance(hkv, int)
+        and _is_pow2(d)
+        and 16 <= d <= 256
+    )
+    if node.op == "attention":
+        return ok
+    table, pos = (spec.types[x] for x in node.inputs[3:])
+    bs = k.shape[1]
+    return (
+        ok
+        and str(table.dtype) in ("i32", "i64")
+        and str(pos.dtype) in ("i32", "i64")
+        and isinstance(bs, int)
+        and bs >= 1
+        and (not isinstance(s, int) or s >= MIN_CACHE_SEQ)  # a symbolic seq is prefill's
+    )
+
+
+def _tiles(config: dict[str, Any], s: int, d: int, dtype: str, target: Any) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for one shape: the config's, shrunk for short chunks and wide rows.
+
+    cuda: K and V tiles of every pipeline stage within _CUDA_KV_BYTES of shared memory. rocm: the
+    tiles live in the 512 / waves_per_eu VGPRs of a lane, so BLOCK_N (and then BLOCK_M) shrink as the
+    row grows (gfx942 AOT: 128 x 64 spills from 256-byte rows on, 64 x 32 from 512-byte rows)."""
+    row = d * _ITEMSIZE[dtype]  # bytes of one K/V row
+    block_m = min(config["block_m"], max(16, triton.next_power_of_2(s)))
+    block_n = config["block_n"]
+    if target.family == "rocm":
+        if row >= 256:
+            block_n = min(block_n, 32)
+        if row >= 512:
+            block_m, block_n = min(block_m, 64), min(block_n, 16)
+    else:
+        while block_n > 16 and 2 * block_n * row * config["num_stages"] > _CUDA_KV_BYTES:
+            block_n //= 2
+        if row >= 512:  # the [BLOCK_M, D] fp32 accumulator and the q tile stay in registers
+            block_m = min(block_m, 64)
+    return block_m, block_n
+
+
+def _constexprs(
+    op: str,
+    s: int,
+    h: int,
+    hkv: int,
+    d: int,
+    t: int,
+    bs: int,
+    ctx_blocks: int,
+    scale: float,
+    causal: bool,
+    dtype: str,
+    config: dict[str, Any],
+    target: Any,
+) -> dict[str, Any]:
+    block_m, block_n = _tiles(config, s, d, dtype, target)
+    paged = op == "cache_attention"
+    return {
+        "SCALE": float(scale) * _LOG2E,
+        "S": s,
+        "H": h,
+        "HKV": hkv,
+        "D": d,
+        "T": ctx_blocks * bs if paged else t,
+        "BS": bs if paged else 1,
+        "CTX_BLOCKS": ctx_blocks if paged else 1,
+        "PAGED": paged,
+        "CAUSAL": causal,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "IEEE": dtype == "f32",
+    }
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    if target.family == "rocm" and "waves_per_eu" in config:
+        options["waves_per_eu"] = config["waves_per_eu"]
+    return options
+
+
+def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+    node = spec.single
+    args = spec.args(node)
+    attrs = spec.attrs()
+    op, scale = node.op, attrs["scale"]
+    causal = bool(attrs.get("causal", True))
+    q_t, k_t = spec.types[node.inputs[0]], spec.types[node.inputs[1]]
+    h, d = q_t.shape[2], q_t.shape[3]
+    hkv = k_t.shape[2]
+    dtype = str(q_t.dtype)
+    options = _options(config, target)
+    cache: dict[tuple[int, int, int], dict[str, Any]] = {}
+
+    def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
+        if op == "cache_attention":
+            q, k, v, table, pos = (inputs[i].contiguous() for i in args)
+            bs, t, ctx_blocks = k.shape[1], 0, table.shape[1]
+        else:
+            q, k, v = (inputs[i].contiguous() for i in args)
+            table = pos = q  # never read: PAGED is off
+            bs, t, ctx_blocks = 1, k.shape[1], 1
+        out = outputs[0]
+        batch, s = q.shape[0], q.shape[1]
+        if batch == 0 or s == 0:
+            return
+        key = (s, t, ctx_blocks)
+        if key not in cache:
+            cache[key] = _constexprs(
+                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, target
+            )
+        consts = cache[key]
+        o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        grid = (batch * h, triton.cdiv(s, consts["BLOCK_M"]))
+        _flash_attention_kernel[grid](q, k, v, table, pos, o, **consts, **options)
+        if o is not out:
+            out.copy_(o)
+
+    return launch
+
+
+def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+    from polymorph.kernel_files import CompileUnit
+
+    node = spec.single
+    attrs = spec.attrs()
+    q_t, k_t = spec.types[node.inputs[0]], spec.types[node.inputs[1]]
+    _, s, h, d = q_t.shape
+    hkv = k_t.shape[2]
+    dtype = str(q_t.dtype)
+    data = "*" + _TRITON_DTYPE[dtype]
+    if node.op == "cache_attention":
+        table_t, pos_t = spec.types[node.inputs[3]], spec.types[node.inputs[4]]
+        bs, t, ctx_blocks = k_t.shape[1], 0, table_t.shape[1]
+        table, pos = "*" + _TRITON_DTYPE[str(table_t.dtype)], "*" + _TRITON_DTYPE[str(pos_t.dtype)]
+    else:
+        bs, t, ctx_blocks = 1, k_t.shape[1], 1
+        table = pos = data  # launch passes q for the unused pointers
+    if not all(isinstance(x, int) for x in (s, t, ctx_blocks)):
+        raise ValueError(
+            f"prefill_attention compiles for a concrete seq and context; got q {q_t}, k {k_t} "
+            "(specialize the graph to a traffic bucket first)"
+        )
+    consts = _constexprs(
+        node.op,
+        s,
+        h,
+        hkv,
+        d,
+        t,
+        bs,
+        ctx_blocks,
+        attrs["scale"],
+        bool(attrs.get("causal", True)),
+        dtype,
+        config,
+        target,
+    )
+    signature = {
+        "q_ptr": data,
+        "k_ptr": data,
+        "v_ptr": data,
+        "table_ptr": table,
+        "pos_ptr": pos,
+        "out_ptr": data,
+        **{name: "constexpr" for name in consts},
+    }
+    return [
+        CompileUnit("prefill_attention", _flash_attention_kernel, signature, consts, _options(config, target))
+    ]
