@@ -45,7 +45,8 @@ def pick_bucket(batch: int | None, ctx: int | None, traffic: str | Path | None) 
         shape = TrafficShape.load(traffic)
         top = max(shape.buckets(), key=lambda b: b.weight)
         return Bucket(top.batch, top.ctx_hi, top.weight)
-    batch, ctx = batch or 1, ctx or 1024
+    batch = 1 if batch is None else batch
+    ctx = 1024 if ctx is None else ctx
     if batch < 1 or ctx < 1:
         raise UserError("--batch and --ctx must be positive")
     return Bucket(batch, ctx)
@@ -69,6 +70,11 @@ def compile(
     b = registry.get(backend or knobs.backend)
     profile = load_profile(target or b.targets[0], knobs.calibration_dir)
     bucket = pick_bucket(batch, ctx, traffic)
+    if out is not None:
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write --out {out}: {e.strerror}") from None
     plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
     plan.model = m.source
     return b.compile(plan, Path(out) if out is not None else None)

@@ -180,7 +180,7 @@ def _softmax(ins: list[Array], a: Mapping) -> list[Array]:
 
 
 def _topk(x: Array, k: int) -> tuple[Array, Array]:
-    # Stable descending order: ties go to the lower expert index, as torch.topk does on CPU.
+    # Stable descending order: ties go to the lower expert index (every backend's kernel matches this).
     idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
     return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int32)
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +69,9 @@ def compile_unit(unit: CompileUnit, target: Target) -> CompiledUnit:
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(unit.signature.values()) if t.startswith("*")}
     src = ASTSource(unit.fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
     try:
-        compiled = triton.compile(src, target=gpu_target(target), options=options)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")  # Triton 3.9's notice
+            compiled = triton.compile(src, target=gpu_target(target), options=options)
     except Exception as e:  # the compiler's own error, with the unit it was compiling
         raise UserError(
             f"Triton failed to compile `{unit.name}` for {target}: {type(e).__name__}: {e}"

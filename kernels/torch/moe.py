@@ -13,6 +13,13 @@ def supports(spec):
     return len(spec.nodes) == 1
 
 
+def _topk(x, k):
+    # A stable descending sort: ties go to the lower expert index, as the reference defines.
+    # (torch.topk on CPU breaks ties toward higher indices.)
+    idx = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+    return x.gather(-1, idx), idx
+
+
 def build(spec, config, target):
     node = spec.single
     args = spec.args(node)
@@ -23,10 +30,10 @@ def build(spec, config, target):
         def launch_router(inputs, outputs, scratch):
             logits = inputs[args[0]].float()  # [*, E]
             if attrs["mode"] == "topk_softmax":
-                vals, idx = torch.topk(logits, attrs["k"], dim=-1)
+                vals, idx = _topk(logits, attrs["k"])
                 weights = vals.softmax(-1)
             else:
-                weights, idx = torch.topk(logits.softmax(-1), attrs["k"], dim=-1)
+                weights, idx = _topk(logits.softmax(-1), attrs["k"])
                 if attrs["normalize"]:
                     weights = weights / weights.sum(-1, keepdim=True)
             outputs[0].copy_(weights)
