@@ -1,0 +1,423 @@
+"""rmsnorm+qkv+rope+kv_write: the attention input of one layer in one kernel. n = rmsnorm(h, w_norm);
+q, k, v = n @ Wq^T, n @ Wk^T, n @ Wv^T (+ biases); rope (rotate-half, `rope_inv_freq` of each rope
+node's attributes, llama3 scaling included) on the q and k heads; k_rope and v written into the paged
+caches at slot (block_table[b, pos // BS], pos % BS); q_rope written as the group's output. The cache
+outputs are the state tensors themselves (the executable aliases them): only the new rows are written.
+
+Rope pairs rows i and i + Dh/2 of a head, so a program owns whole pairs: its tile of gemv_block_n rows
+interleaves the first-half row and the second-half row of gemv_block_n / 2 consecutive pairs (pair p
+of a projection with H heads is row (p // (Dh/2)) * Dh + p % (Dh/2) and that plus Dh/2; a tile may span
+heads). Both halves of a pair come out of one accumulator tile and rotate in registers. One launch
+covers q, k and v: the first cdiv(Hq*Dh/2, pairs) programs take Wq, the next Wk, the last Wv (the
+branch is uniform per program). At Llama-3.2-1B (Hq 32, Hkv 8, Dh 64, K 2048) the default GEMV
+launches 768 programs, 12 MB of weights streamed with 16-byte loads. The norm is folded in as in
+rmsnorm_linear.py (sum(x^2) in the same K loop, w_norm applied to the chunk, 1/rms in the epilogue).
+The epilogue rounds q and k to the activation dtype before rope, where the unfused graph stores them.
+cos and sin are computed from pos * inv_freq in fp32 (libdevice cosf/sinf on NVIDIA, accurate for the
+large angles of long contexts). A token whose position falls outside its block table writes nothing.
+
+Paths and tiles as in linear.py: the GEMV for M = B*S <= GEMV_MAX_M, tl.dot tiles above it (block_n
+counts interleaved rows: block_n / 2 pairs). The inv_freq tables are made at build time and copied to
+the device at the first launch on it (the runtime's warm-up launches run before graph capture).
+
+Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
+num_warps, num_stages (GEMM); waves_per_eu on rocm. Each config zips one GEMV and one GEMM setting.
+
+Constraints (supports): cuda or rocm; h, the weights, biases, q_rope and both caches of one float dtype
+(bf16, f16, f32); positions and block_table i32; q, k and v all with a bias or none; concrete heads,
+head_dim (even), block size and K; contiguous tensors with 16-byte aligned bases (checked at launch).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from polymorph.reference import rope_inv_freq
+
+IMPLEMENTS = "rmsnorm+qkv+rope+kv_write"
+
+# Measured on an H200 (M=1 bf16, Llama-3.2-1B: 12 MB of q/k/v weights): 4 rows (2 pairs) x 512 of K
+# with 4 warps, 6.75 us; 2 rows x 2048 7.0 us; 8 rows 7.1 us. At this size a launch's fixed cost (about
+# 2 us in a CUDA graph) is a third of the time.
+_CUDA_CONFIGS = [
+    {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
+    {"gemv_block_n": 8, "gemv_block_k": 512, "gemv_warps": 4,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
+    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8,
+     "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+]  # fmt: skip
+_ROCM_CONFIGS = [
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
+    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
+     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
+]  # fmt: skip
+CONFIGS = _CUDA_CONFIGS
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+
+
+# Triton's interpreter (3.6-3.9) multiplies bf16 tl.dot operands as their raw 16-bit patterns, so under
+# TRITON_INTERPRET the GEMM path upcasts its operands to fp32 first: exact, since bf16 products are
+# exact in fp32. Compiled code (and AOT compilation, which never runs interpreted) is unaffected.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+_FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+_ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+GEMV_MAX_M = 2  # H200: at M=4 the tl.dot path (block_m 16) beat the GEMV 1.7x; at M=2 they tie
+GEMV_TILE_REGS = 64  # fp32 accumulator registers a thread may hold in the GEMV
+
+
+# --- the projection core (the same in each projection kernel file: a file is hashed on its own) -----
+
+
+@triton.jit
+def _to(x, dtype: tl.constexpr):
+    """x.to(dtype), rounded to nearest even as compiled code does. The interpreter (3.6-3.9) truncates
+    fp32 -> bf16, so under it the rounding is done on the bits first."""
+    if _INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _gemv_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+    """GEMV: acc[BLOCK_M, BLOCK_N] = (x * w_norm) @ W^T over K and, with NORM, ss[BLOCK_M] = sum(x^2),
+    both fp32; x_rows [BLOCK_M] and w_rows [BLOCK_N] are row pointers. Products accumulate elementwise
+    in a [BLOCK_M, BLOCK_N, BLOCK_K] tile and are reduced once after the loop (loads and FMAs only in
+    the loop body)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        wp = w_rows[:, None] + ks[None, :]  # [BLOCK_N, BLOCK_K]
+        xp = x_rows[:, None] + ks[None, :]  # [BLOCK_M, BLOCK_K]
+        if HINT:  # rows start 16-byte aligned: 16-byte vector loads, in AOT units as in the JIT
+            wp = tl.multiple_of(wp, [16, 16])
+            xp = tl.multiple_of(xp, [16, 16])
+        if EVEN_K:
+            w = tl.load(wp)
+            x = tl.load(xp).to(tl.float32)
+        else:
+            w = tl.load(wp, mask=(ks < K)[None, :], other=0.0)
+            x = tl.load(xp, mask=(ks < K)[None, :], other=0.0).to(tl.float32)
+        if NORM:
+            sq += x * x
+            x = x * tl.load(wn_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    return tl.sum(acc, axis=2), tl.sum(sq, axis=1)
+
+
+@triton.jit
+def _gemm_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+    """GEMM: the same results through tl.dot tiles (wgmma / MFMA). With NORM the A tile is scaled by
+    w_norm and rounded to the activation dtype before the dot (the MMA takes that dtype)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    xp = x_rows[:, None] + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    wp = w_rows[:, None] + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if HINT:
+            xp = tl.multiple_of(xp, [16, 16])
+            wp = tl.multiple_of(wp, [16, 16])
+        if EVEN_K:
+            a = tl.load(xp)
+            b = tl.load(wp)
+        else:
+            kmask = (k0 + offs_k < K)[None, :]
+            a = tl.load(xp, mask=kmask, other=0.0)
+            b = tl.load(wp, mask=kmask, other=0.0)
+        if NORM:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+            wn = tl.load(wn_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
+            a = _to(af * wn[None, :], a.dtype)
+        if _INTERPRETED:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if a.dtype == tl.float32:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+        xp += BLOCK_K
+        wp += BLOCK_K
+    return acc, ss
+
+
+def _tiles(k: int, m: int, config: dict[str, Any], elem: int, warp: int) -> dict[str, Any]:
+    """The path and tile constexprs one launch of M rows uses (the one source for build and AOT):
+    the GEMV for M <= GEMV_MAX_M (one row block holds every M), else tl.dot tiles."""
+    if m <= GEMV_MAX_M:
+        block_m, block_n = triton.next_power_of_2(m), config["gemv_block_n"]
+        cap = GEMV_TILE_REGS * warp * config["gemv_warps"] // (block_m * block_n)
+        block_k = max(
+            16, min(config["gemv_block_k"], triton.next_power_of_2(k), triton.next_power_of_2(cap + 1) // 2)
+        )
+        return {"USE_DOT": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                "EVEN_K": k % block_k == 0, "HINT": k % (16 // elem) == 0}  # fmt: skip
+    block_m = min(config["block_m"], max(16, triton.next_power_of_2(m)))
+    return {"USE_DOT": True, "BLOCK_M": block_m, "BLOCK_N": config["block_n"], "BLOCK_K": config["block_k"],
+            "EVEN_K": k % config["block_k"] == 0, "HINT": k % (16 // elem) == 0}  # fmt: skip
+
+
+def _options(config: dict[str, Any], use_dot: bool, target: Any) -> dict[str, Any]:
+    if use_dot:
+        opts = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    else:
+        opts = {"num_warps": config["gemv_warps"], "num_stages": 1}
+    if target.family == "rocm" and "waves_per_eu" in config:
+        opts["waves_per_eu"] = config["waves_per_eu"]
+    return opts
+
+
+def _check_aligned(where: str, *tensors: Any) -> None:
+    for t in tensors:
+        if t.data_ptr() % 16:
+            raise ValueError(
+                f"{where} (triton): a {tuple(t.shape)} operand is not 16-byte aligned (data_ptr "
+                f"{t.data_ptr():#x}); the kernel's vector loads need aligned, contiguous tensors"
+            )
+
+
+def _rows(spec: Any, value: str) -> int:
+    m = 1
+    for d in spec.types[value].shape[:-1]:
+        m *= int(d)
+    return m
+
+
+# --- the kernel --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr, pair0, offs_m,
+              M, S, CTX_BLOCKS, eps, K: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
+              BS: tl.constexpr, ROPE: tl.constexpr, TO_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr,
+              USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+    """One projection's BLOCK_N / 2 rope pairs from pair0 on, for rows offs_m: norm, GEMV/GEMM, bias,
+    rounding, rope (ROPE), and the store into q_rope [M, H*DH] or a paged cache (TO_CACHE)."""
+    HALF: tl.constexpr = DH // 2
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    NPAIRS: tl.constexpr = H * HALF
+    j = tl.arange(0, BLOCK_N)
+    p = tl.minimum(pair0 + j // 2, NPAIRS - 1)  # tail pairs repeat the last, never stored
+    row = (p // HALF) * DH + p % HALF + (j % 2) * HALF  # interleaved: first half, second half
+    w_rows = w_ptr + row * K
+    x_rows = h_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
+    if USE_DOT:
+        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    else:
+        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    y = acc / tl.sqrt(ss / K + eps)[:, None]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + row).to(tl.float32)[None, :]
+    dtype = out_ptr.dtype.element_ty
+    y = _to(y, dtype).to(tl.float32)  # the projection as the unfused graph stores it
+    x1, x2 = tl.split(tl.reshape(y, [BLOCK_M, PAIRS, 2]))  # [BLOCK_M, PAIRS]: halves i and i + Dh/2
+    pr = pair0 + tl.arange(0, PAIRS)
+    prc = tl.minimum(pr, NPAIRS - 1)
+    r1 = (prc // HALF) * DH + prc % HALF  # [PAIRS]
+    m_c = tl.minimum(offs_m, M - 1)
+    pos = tl.load(pos_ptr + m_c)  # [BLOCK_M] i32
+    if ROPE:
+        inv = tl.load(inv_ptr + prc % HALF)  # [PAIRS] fp32
+        angle = pos.to(tl.float32)[:, None] * inv[None, :]
+        cos = tl.cos(angle)
+        sin = tl.sin(angle)
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+    else:
+        o1 = x1
+        o2 = x2
+    ok = (offs_m < M)[:, None] & (pr < NPAIRS)[None, :]
+    if TO_CACHE:
+        logical = pos // BS
+        valid = (offs_m < M) & (pos >= 0) & (logical < CTX_BLOCKS)
+        block = tl.load(table_ptr + (m_c // S) * CTX_BLOCKS + logical, mask=valid, other=0)
+        base = (block.to(tl.int64) * BS + pos % BS) * (H * DH)  # [BLOCK_M]: the token's cache row
+        ok = ok & valid[:, None]
+    else:
+        base = offs_m.to(tl.int64) * (H * DH)
+    offs = base[:, None] + r1[None, :]  # [BLOCK_M, PAIRS]: the first halves; + HALF the second
+    tl.store(out_ptr + tl.join(offs, offs + HALF), _to(tl.join(o1, o2), dtype), mask=tl.join(ok, ok))
+
+
+@triton.jit(do_not_specialize=["M", "S", "CTX_BLOCKS"])
+def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, invq_ptr, invk_ptr,
+                      pos_ptr, table_ptr, q_ptr, kc_ptr, vc_ptr, M, S, CTX_BLOCKS, eps,
+                      K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
+                      BS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+    # h: [M, K]; wq: [HQ*DH, K]; wk, wv: [HKV*DH, K]; positions: [B, S]; block_table: [B, CTX_BLOCKS];
+    # q: [M, HQ*DH]; caches: [blocks, BS, HKV, DH]
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    NQ: tl.constexpr = (HQ * DH // 2 + PAIRS - 1) // PAIRS
+    NK: tl.constexpr = (HKV * DH // 2 + PAIRS - 1) // PAIRS
+    pid = tl.program_id(0)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if pid < NQ:
+        _qkv_part(h_ptr, wn_ptr, wq_ptr, bq_ptr, invq_ptr, pos_ptr, table_ptr, q_ptr, pid * PAIRS, offs_m,
+                  M, S, CTX_BLOCKS, eps, K, HQ, DH, BS, True, False, HAS_BIAS,
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+    elif pid < NQ + NK:
+        _qkv_part(h_ptr, wn_ptr, wk_ptr, bk_ptr, invk_ptr, pos_ptr, table_ptr, kc_ptr, (pid - NQ) * PAIRS,
+                  offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, True, True, HAS_BIAS,
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+    else:
+        _qkv_part(h_ptr, wn_ptr, wv_ptr, bv_ptr, invk_ptr, pos_ptr, table_ptr, vc_ptr,
+                  (pid - NQ - NK) * PAIRS, offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, False, True,
+                  HAS_BIAS, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+
+
+# --- the contract ------------------------------------------------------------------------------------
+
+_STEPS = ("norm", "q", "k", "v", "q_rope", "k_rope", "k_write", "v_write")
+
+
+def _parts(spec: Any) -> dict[str, Any]:
+    return {step: spec.role(step) for step in _STEPS}
+
+
+def _dims(spec: Any, p: dict[str, Any]) -> dict[str, Any]:
+    _, _, hq, dh = spec.types[p["q_rope"].outputs[0]].shape
+    cache = spec.types[p["k_write"].inputs[0]].shape
+    return {
+        "K": spec.types[p["norm"].inputs[1]].shape[0],
+        "HQ": hq,
+        "HKV": cache[2],
+        "DH": dh,
+        "BS": cache[1],
+    }
+
+
+def supports(spec: Any) -> bool:
+    if not spec.target.is_gpu or spec.pattern != "rmsnorm+qkv+rope+kv_write":
+        return False
+    p = _parts(spec)
+    floats = {v for s in ("norm", "q", "k", "v") for v in (*p[s].inputs, *p[s].outputs)}
+    floats |= {p["q_rope"].outputs[0], p["k_write"].inputs[0], p["v_write"].inputs[0]}
+    dtypes = {spec.types[v].dtype for v in floats}
+    ints = {spec.types[v].dtype for v in (p["k_write"].inputs[2], p["k_write"].inputs[3])}
+    if len(dtypes) != 1 or str(next(iter(dtypes))) not in _FLOATS or {str(d) for d in ints} != {"i32"}:
+        return False
+    d = _dims(spec, p)
+    if not all(isinstance(v, int) for v in d.values()) or d["DH"] % 2:
+        return False
+    if spec.types[p["v_write"].inputs[0]].shape[1:] != (d["BS"], d["HKV"], d["DH"]):
+        return False
+    n_total = (d["HQ"] + 2 * d["HKV"]) * d["DH"]
+    return (
+        spec.types[p["q"].inputs[1]].shape == (d["HQ"] * d["DH"], d["K"])
+        and spec.types[p["k"].inputs[1]].shape == (d["HKV"] * d["DH"], d["K"])
+        and spec.types[p["v"].inputs[1]].shape == (d["HKV"] * d["DH"], d["K"])
+        and len({len(p[s].inputs) for s in ("q", "k", "v")}) == 1
+        and n_total * d["K"] < 2**31
+        and all(c["gemv_block_n"] % 2 == 0 and c["block_n"] % 2 == 0 for c in configs(spec.target))
+    )
+
+
+def _grid_n(d: dict[str, Any], block_n: int) -> int:
+    pairs = block_n // 2
+    return triton.cdiv(d["HQ"] * d["DH"] // 2, pairs) + 2 * triton.cdiv(d["HKV"] * d["DH"] // 2, pairs)
+
+
+def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+    p = _parts(spec)
+    d = _dims(spec, p)
+    has_bias = len(p["q"].inputs) == 3
+    h_i, wn_i = spec.args(p["norm"])
+    w_i = [spec.inputs.index(p[s].inputs[1]) for s in ("q", "k", "v")]
+    b_i = [spec.inputs.index(p[s].inputs[2]) for s in ("q", "k", "v")] if has_bias else w_i
+    pos_i = spec.inputs.index(p["q_rope"].inputs[1])
+    table_i = spec.inputs.index(p["k_write"].inputs[2])
+    q_out = spec.outputs.index(p["q_rope"].outputs[0])
+    k_out = spec.outputs.index(p["k_write"].outputs[0])
+    v_out = spec.outputs.index(p["v_write"].outputs[0])
+    eps = float(spec.attrs(p["norm"])["eps"])
+    elem = _ELEM_BYTES[str(spec.types[p["norm"].inputs[0]].dtype)]
+    host_inv = [torch.from_numpy(rope_inv_freq(d["DH"], spec.attrs(p[s]))) for s in ("q_rope", "k_rope")]
+    device_inv: dict[Any, list[Any]] = {}
+    plans: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
+        h, pos, table = inputs[h_i], inputs[pos_i], inputs[table_i]
+        m = h.numel() // d["K"]
+        if m == 0:
+            return
+        if m not in plans:
+            tiles = _tiles(d["K"], m, config, elem, target.warp_size)
+            plans[m] = (tiles, _options(config, tiles["USE_DOT"], target))
+        tiles, opts = plans[m]
+        wq, wk, wv = (inputs[i] for i in w_i)
+        if tiles["HINT"]:
+            _check_aligned("rmsnorm+qkv+rope+kv_write", h, wq, wk, wv)
+        inv = device_inv.get(h.device)
+        if inv is None:
+            inv = device_inv[h.device] = [t.to(h.device) for t in host_inv]
+        grid = (_grid_n(d, tiles["BLOCK_N"]), triton.cdiv(m, tiles["BLOCK_M"]))
+        _rmsnorm_qkv_rope[grid](
+            h,
+            inputs[wn_i],
+            wq,
+            wk,
+            wv,
+            *(inputs[i] for i in b_i),
+            inv[0],
+            inv[1],
+            pos,
+            table,
+            outputs[q_out],
+            outputs[k_out],
+            outputs[v_out],
+            m,
+            pos.shape[-1],
+            table.shape[-1],
+            eps,
+            HAS_BIAS=has_bias,
+            **d,
+            **tiles,
+            **opts,
+        )
+
+    return launch
+
+
+def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+    from polymorph.kernel_files import CompileUnit
+
+    p = _parts(spec)
+    d = _dims(spec, p)
+    dtype = str(spec.types[p["norm"].inputs[0]].dtype)
+    tiles = _tiles(d["K"], _rows(spec, p["norm"].inputs[0]), config, _ELEM_BYTES[dtype], target.warp_size)
+    consts = {**d, "HAS_BIAS": len(p["q"].inputs) == 3, **tiles}
+    ptr = "*" + _FLOATS[dtype]
+    sig = {
+        **{name: ptr for name in ("h_ptr", "wn_ptr", "wq_ptr", "wk_ptr", "wv_ptr", "bq_ptr", "bk_ptr", "bv_ptr")},
+        "invq_ptr": "*fp32", "invk_ptr": "*fp32", "pos_ptr": "*i32", "table_ptr": "*i32",
+        "q_ptr": ptr, "kc_ptr": ptr, "vc_ptr": ptr, "M": "i32", "S": "i32", "CTX_BLOCKS": "i32", "eps": "fp32",
+        **{c: "constexpr" for c in consts},
+    }  # fmt: skip
+    name = f"rmsnorm_qkv_rope_{'gemm' if tiles['USE_DOT'] else 'gemv'}"
+    return [CompileUnit(name, _rmsnorm_qkv_rope, sig, consts, _options(config, tiles["USE_DOT"], target))]

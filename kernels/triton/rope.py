@@ -1,0 +1,124 @@
+"""rope: x[B, S, H, Dh], positions[B, S] (i32) -> the rotary embedding in the rotate-half (neox)
+layout: out[..., i] = x_i cos - x_{i+Dh/2} sin, out[..., i+Dh/2] = x_{i+Dh/2} cos + x_i sin, with angle
+pos * inv_freq[i] and inv_freq from `polymorph.reference.rope_inv_freq` (llama3 scaling included),
+computed at build time and copied to the device at the first launch on it (before graph capture).
+
+A program rotates block_h heads of one token: both halves of each pair in registers, cos and sin
+computed once per pair in fp32 (libdevice cosf/sinf on NVIDIA: accurate for long-context angles).
+
+Config keys: block_h (heads a program), num_warps.
+Constraints (supports): cuda or rocm; x and the output of one float dtype (bf16, f16, f32); positions
+i32; concrete heads and an even, concrete head_dim; contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from polymorph.reference import rope_inv_freq
+
+IMPLEMENTS = "rope"
+
+CONFIGS = [
+    {"block_h": 8, "num_warps": 2},
+    {"block_h": 32, "num_warps": 4},
+    {"block_h": 1, "num_warps": 1},
+]
+
+_FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+# Triton's interpreter (3.6-3.9) truncates fp32 -> bf16 where compiled code rounds to nearest even, so
+# under TRITON_INTERPRET `_to` rounds on the bits first. Compiled code is unaffected.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _to(x, dtype: tl.constexpr):
+    """x.to(dtype), rounded to nearest even (see _INTERPRETED)."""
+    if _INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _rope(x_ptr, pos_ptr, inv_ptr, y_ptr, H: tl.constexpr, DH: tl.constexpr, BLOCK_H: tl.constexpr,
+          BLOCK_HALF: tl.constexpr):  # fmt: skip
+    # x, y: [T, H, DH], positions: [T], inv_freq: [DH / 2]
+    HALF: tl.constexpr = DH // 2
+    tok = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)
+    mask = (heads < H)[:, None] & (j < HALF)[None, :]
+    first = tok.to(tl.int64) * (H * DH) + heads[:, None] * DH + j[None, :]  # [BLOCK_H, BLOCK_HALF]
+    x1 = tl.load(x_ptr + first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + first + HALF, mask=mask, other=0.0).to(tl.float32)
+    angle = tl.load(pos_ptr + tok).to(tl.float32) * tl.load(inv_ptr + j, mask=j < HALF, other=0.0)
+    cos = tl.cos(angle)[None, :]
+    sin = tl.sin(angle)[None, :]
+    dtype = y_ptr.dtype.element_ty
+    out = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)  # [BLOCK_H, BLOCK_HALF, 2]: both halves
+    tl.store(y_ptr + tl.join(first, first + HALF), _to(out, dtype), mask=tl.join(mask, mask))
+
+
+def supports(spec: Any) -> bool:
+    if not spec.target.is_gpu or len(spec.nodes) != 1 or spec.single.op != "rope":
+        return False
+    x, pos = (spec.types[v] for v in spec.single.inputs)
+    out = spec.types[spec.single.outputs[0]]
+    _, _, h, dh = x.shape
+    return (
+        str(x.dtype) in _FLOATS
+        and out.dtype == x.dtype
+        and str(pos.dtype) == "i32"
+        and isinstance(h, int)
+        and isinstance(dh, int)
+        and dh % 2 == 0
+    )
+
+
+def _consts(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
+    _, _, h, dh = spec.types[spec.single.inputs[0]].shape
+    return {"H": h, "DH": dh, "BLOCK_H": min(config["block_h"], triton.next_power_of_2(h)),
+            "BLOCK_HALF": triton.next_power_of_2(dh // 2)}  # fmt: skip
+
+
+def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+    x_i, pos_i = spec.args(spec.single)
+    consts = _consts(spec, config)
+    host_inv = torch.from_numpy(rope_inv_freq(consts["DH"], spec.attrs()))
+    device_inv: dict[Any, Any] = {}
+    grid_h = triton.cdiv(consts["H"], consts["BLOCK_H"])
+    warps = config["num_warps"]
+
+    def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
+        x, pos = inputs[x_i], inputs[pos_i]
+        inv = device_inv.get(x.device)
+        if inv is None:
+            inv = device_inv[x.device] = host_inv.to(x.device)
+        tokens = pos.numel()
+        if tokens:
+            _rope[(tokens, grid_h)](x, pos, inv, outputs[0], **consts, num_warps=warps)
+
+    return launch
+
+
+def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+    from polymorph.kernel_files import CompileUnit
+
+    consts = _consts(spec, config)
+    ptr = "*" + _FLOATS[str(spec.types[spec.single.inputs[0]].dtype)]
+    sig = {
+        "x_ptr": ptr,
+        "pos_ptr": "*i32",
+        "inv_ptr": "*fp32",
+        "y_ptr": ptr,
+        **dict.fromkeys(consts, "constexpr"),
+    }
+    return [CompileUnit("rope", _rope, sig, consts, {"num_warps": config["num_warps"], "num_stages": 1})]

@@ -1,0 +1,422 @@
+"""kernels/triton/topk_router.py and kernels/triton/moe_ffn.py against the reference.
+
+Numerics run under Triton's interpreter on CPU tensors, every config of each file, on fresh random
+inputs with NaN-poisoned outputs; a failure names its seed, and ROUTER_SEED / MOE_SEED reproduce it.
+The interpreter needs TRITON_INTERPRET=1 before triton is first imported (triton.language's own
+@jit functions, tl.max and tl.sum, are decorated then), and AOT compilation needs it unset, so unless
+this whole process is interpreting, the interpreted cases run in child processes (`python
+tests/kernels/triton/test_moe.py CASE...` runs cases directly). The compile tests build the files'
+compile_units for cuda sm_90 and hip gfx942 at a Mixtral-style shape scaled to one GPU, without a
+device; the device test runs the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polymorph import reference
+from polymorph.ir.builder import GraphBuilder
+from polymorph.ir.dtypes import DType
+from polymorph.ir.graph import Graph
+from polymorph.kernel_files import KernelFile, KernelSpec, kernels_root, load_kernel
+from polymorph.target import Target
+from polymorph.tolerance import compare, op_tolerance
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+CUDA = Target.parse("cuda:sm_90")
+ROCM = Target.parse("rocm:gfx942")
+ROUTER_MODES = [("topk_softmax", False), ("softmax_topk", False), ("softmax_topk", True)]
+DTYPES = [DType.BF16, DType.F32]
+TORCH_DTYPE = {DType.BF16: "bfloat16", DType.F32: "float32", DType.F16: "float16"}
+
+
+@functools.cache
+def kernel(name: str, interpret: bool) -> KernelFile:
+    with pytest.MonkeyPatch.context() as env:
+        if interpret:
+            env.setenv("TRITON_INTERPRET", "1")
+        else:
+            env.delenv("TRITON_INTERPRET", raising=False)
+        return load_kernel(kernels_root() / "triton" / f"{name}.py")
+
+
+def seeded(var: str) -> tuple[int, np.random.Generator]:
+    seed = int(os.environ.get(var) or np.random.SeedSequence().entropy % 2**63)
+    return seed, np.random.default_rng(seed)
+
+
+def to_torch(a: np.ndarray, dtype: DType, device: str = "cpu") -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a).astype(np.float32) if dtype.is_float else a)
+    return t.to(device=device, dtype=getattr(torch, TORCH_DTYPE[dtype]) if dtype.is_float else t.dtype)
+
+
+# --- graphs and specs --------------------------------------------------------------------------------
+
+
+def router_graph(tokens: int, experts: int, k: int, dtype: DType, mode: str, normalize: bool) -> Graph:
+    b = GraphBuilder("router")
+    b.input("logits", dtype, (tokens, experts))
+    b.op(
+        "topk_router", "router", "logits", outputs=("weights", "indices"), k=k, mode=mode, normalize=normalize
+    )
+    b.output("weights", "weights")
+    b.output("indices", "indices")
+    return b.build()
+
+
+def moe_graph(tokens: int | str, experts: int, k: int, dim: int, ffn: int, dtype: DType) -> Graph:
+    b = GraphBuilder("moe")
+    b.input("x", dtype, (tokens, dim))
+    b.input("weights", DType.F32, (tokens, k))
+    b.input("indices", DType.I32, (tokens, k))
+    b.param("w_gate", dtype, (experts, ffn, dim))
+    b.param("w_up", dtype, (experts, ffn, dim))
+    b.param("w_down", dtype, (experts, dim, ffn))
+    b.op("moe_ffn", "moe", "x", "weights", "indices", "w_gate", "w_up", "w_down")
+    b.output("y", "moe")
+    return b.build()
+
+
+def spec_of(graph: Graph, target: Target) -> KernelSpec:
+    (node,) = graph.nodes
+    return KernelSpec(
+        node.op, (node,), tuple(dict.fromkeys(node.inputs)), node.outputs, graph.types(), target
+    )
+
+
+# --- inputs -------------------------------------------------------------------------------------------
+
+
+def router_logits(
+    rng: np.random.Generator, tokens: int, experts: int, dtype: DType, ties: bool
+) -> np.ndarray:
+    if ties:  # small integers, and an all-equal first row: the order among equals is the test
+        x = rng.integers(-2, 3, (tokens, experts)).astype(np.float32)
+        x[0] = 0.0
+    else:
+        x = rng.standard_normal((tokens, experts)).astype(np.float32) * 4.0
+    return x.astype(dtype.numpy)
+
+
+def moe_inputs(rng: np.random.Generator, graph: Graph) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    types = graph.types()
+    (tokens, dim), (experts, ffn, _) = types["x"].shape, types["w_gate"].shape
+    k = types["weights"].shape[-1]
+    dtype = types["x"].dtype.numpy
+    x = rng.standard_normal((tokens, dim)).astype(np.float32)
+    x.flat[rng.integers(0, x.size, 3)] *= 10.0  # a few large activations: silu's exp(-g) saturates
+    inputs = {
+        "x": x.astype(dtype),
+        "weights": rng.random((tokens, k), dtype=np.float32),
+        "indices": np.argsort(rng.random((tokens, experts)), axis=-1)[:, :k].astype(np.int32),
+    }
+    params = {
+        "w_gate": (rng.standard_normal((experts, ffn, dim)) / np.sqrt(dim)).astype(dtype),
+        "w_up": (rng.standard_normal((experts, ffn, dim)) / np.sqrt(dim)).astype(dtype),
+        "w_down": (rng.standard_normal((experts, dim, ffn)) / np.sqrt(ffn)).astype(dtype),
+    }
+    return params, inputs
+
+
+def run_reference(graph: Graph, params: dict, inputs: dict) -> dict[str, np.ndarray]:
+    with np.errstate(over="ignore"):  # exp(-g) of a large negative g is inf, and silu is then -0
+        return reference.run(graph, params, inputs, {})
+
+
+# --- checks -------------------------------------------------------------------------------------------
+
+
+def check_router(
+    kf: KernelFile, graph: Graph, target: Target, logits: np.ndarray, where: str, device: str
+) -> None:
+    spec = spec_of(graph, target)
+    assert kf.supports(spec), where
+    types = graph.types()
+    dtype = types["logits"].dtype
+    want = run_reference(graph, {}, {"logits": logits})
+    for config in kf.configs_for(target):
+        weights = torch.full(types["weights"].shape, float("nan"), device=device)
+        indices = torch.full(types["indices"].shape, -1, dtype=torch.int32, device=device)
+        kf.build(spec, config, target)([to_torch(logits, dtype, device)], [weights, indices], None)
+        at = f"{where}, config {config}"
+        got = indices.cpu().numpy()
+        assert np.array_equal(got, want["indices"]), f"{at}: indices\n{got}\n!= reference\n{want['indices']}"
+        result = compare(weights.cpu().numpy(), want["weights"], op_tolerance(DType.F32))
+        assert result.ok, f"{at}: weights: {result}"
+
+
+def check_moe(
+    kf: KernelFile, graph: Graph, target: Target, rng: np.random.Generator, where: str, device: str
+) -> None:
+    spec = spec_of(graph, target)
+    assert kf.supports(spec), where
+    params, inputs = moe_inputs(rng, graph)
+    want = run_reference(graph, params, inputs)["y"]
+    dtype = graph.types()["x"].dtype
+    arrays = {**inputs, **params}
+    args = [to_torch(arrays[v], graph.types()[v].dtype, device) for v in spec.inputs]
+    for config in kf.configs_for(target):
+        out = torch.full(want.shape, float("nan"), dtype=args[0].dtype, device=device)
+        kf.build(spec, config, target)(args, [out], None)
+        got = out.float().cpu().numpy()
+        result = compare(got, want.astype(np.float32), op_tolerance(dtype))
+        assert result.ok, f"{where}, config {config}: {result}"
+
+
+# --- interpreter: numerics ----------------------------------------------------------------------------
+
+
+def router_case(mode: str, normalize: bool, dtype: DType) -> None:
+    kf = kernel("topk_router", interpret=True)
+    seed, rng = seeded("ROUTER_SEED")
+    for target in (CUDA, ROCM) if dtype == DType.BF16 else (CUDA,):  # rocm's configs differ in rows only
+        for experts, k in [(4, 1), (8, 2)]:
+            for tokens in (1, 3, 7):
+                graph = router_graph(tokens, experts, k, dtype, mode, normalize)
+                logits = router_logits(rng, tokens, experts, dtype, ties=False)
+                where = f"{mode} normalize={normalize} {dtype} E={experts} k={k} T={tokens} {target} (seed {seed})"
+                check_router(kf, graph, target, logits, where, "cpu")
+
+
+def router_ties_case(mode: str, normalize: bool) -> None:
+    """Tied logits pick the lower expert index; a non-power-of-two k; E up to the limit."""
+    kf = kernel("topk_router", interpret=True)
+    seed, rng = seeded("ROUTER_SEED")
+    for experts, k, ties in [(8, 3, True), (256, 8, True), (200, 5, False)]:
+        graph = router_graph(5, experts, k, DType.BF16, mode, normalize)
+        logits = router_logits(rng, 5, experts, DType.BF16, ties)
+        where = f"{mode} normalize={normalize} E={experts} k={k} ties={ties} (seed {seed})"
+        check_router(kf, graph, CUDA, logits, where, "cpu")
+
+
+def moe_case(target: Target, experts: int, k: int, dtype: DType) -> None:
+    """T 1, 3, 7 with each config: GEMV, small- or large-tile grouped GEMM by the config's limits."""
+    kf = kernel("moe_ffn", interpret=True)
+    seed, rng = seeded("MOE_SEED")
+    for tokens in (1, 3, 7):
+        graph = moe_graph(tokens, experts, k, 32, 48, dtype)
+        check_moe(
+            kf, graph, target, rng, f"{dtype} E={experts} k={k} T={tokens} {target} (seed {seed})", "cpu"
+        )
+
+
+def interpreter_cases() -> dict[str, Callable[[], None]]:
+    modes = {"topk_softmax": ("topk_softmax", False), "softmax_topk": ("softmax_topk", False),
+             "softmax_topk_norm": ("softmax_topk", True)}  # fmt: skip
+    cases: dict[str, Callable[[], None]] = {}
+    for name, (mode, normalize) in modes.items():
+        for dtype in DTYPES:
+            cases[f"router-{name}-{dtype}"] = functools.partial(router_case, mode, normalize, dtype)
+        cases[f"router-{name}-ties"] = functools.partial(router_ties_case, mode, normalize)
+    for target in (CUDA, ROCM):
+        for experts, k in [(4, 1), (8, 2)]:
+            for dtype in DTYPES if target == CUDA else (DType.BF16,):  # rocm: the same code, other tiles
+                cases[f"moe-{target.family}-E{experts}-k{k}-{dtype}"] = functools.partial(
+                    moe_case, target, experts, k, dtype
+                )
+    return cases
+
+
+CASES = interpreter_cases()
+RESULT_LINE = "interpreter results: "
+
+
+def run_cases(ids: list[str]) -> dict[str, str | None]:
+    """Run cases in this (interpreting) process: None for a pass, else what went wrong."""
+    results: dict[str, str | None] = {}
+    for case in ids:
+        try:
+            CASES[case]()
+            results[case] = None
+        except AssertionError as e:
+            results[case] = str(e)
+        except Exception:
+            results[case] = traceback.format_exc()
+    return results
+
+
+@functools.cache
+def process_interprets() -> bool:
+    """Whether triton in this process was imported under TRITON_INTERPRET=1."""
+    import triton
+    import triton.language as tl
+
+    return not isinstance(tl.standard.max, triton.runtime.JITFunction)
+
+
+def run_in_children(ids: list[str]) -> dict[str, str | None]:
+    """Run cases in child processes with TRITON_INTERPRET=1, a few in parallel."""
+    workers = max(1, min(len(ids), os.cpu_count() or 1, 4))
+    # the child imports what this process imports: same working directory, same import path
+    path = os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *ids[i::workers]],
+            env=env,
+            cwd=os.getcwd(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(workers)
+    ]
+    results: dict[str, str | None] = {}
+    for child in children:
+        output, _ = child.communicate(timeout=600)
+        lines = [line for line in output.splitlines() if line.startswith(RESULT_LINE)]
+        if child.returncode != 0 or not lines:
+            raise RuntimeError(f"the interpreter child exited with {child.returncode}:\n{output[-4000:]}")
+        results.update(json.loads(lines[-1][len(RESULT_LINE) :]))
+    return results
+
+
+@pytest.fixture(scope="module")
+def interpreted(request: pytest.FixtureRequest) -> dict[str, str | None]:
+    """Results of the interpreter cases this session selected, run once for the module."""
+    ids = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if item.path == request.path and "case" in getattr(getattr(item, "callspec", None), "params", {})
+    ]
+    if process_interprets():
+        return run_cases(ids)
+    return run_in_children(ids)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_interpreted(case: str, interpreted: dict[str, str | None]) -> None:
+    failure = interpreted[case]
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+
+
+def test_moe_configs_reach_every_path() -> None:
+    """The interpreted cases' sizes take every path (GEMV, small and large grouped tiles) on each target."""
+    kf = kernel("moe_ffn", interpret=False)
+    for target in (CUDA, ROCM):
+        reached = {
+            kf.module._path(config, tokens * k, experts)
+            for config in kf.configs_for(target)
+            for experts, k in [(4, 1), (8, 2)]
+            for tokens in (1, 3, 7)
+        }
+        assert reached == {"gemv", "small", "large"}, f"{target}: the interpreted cases reach only {reached}"
+
+
+# --- contract -----------------------------------------------------------------------------------------
+
+
+def test_supports_limits() -> None:
+    router, moe = kernel("topk_router", interpret=False), kernel("moe_ffn", interpret=False)
+    assert router.supports(spec_of(router_graph(2, 256, 8, DType.BF16, "topk_softmax", False), CUDA))
+    assert not router.supports(spec_of(router_graph(2, 257, 2, DType.BF16, "topk_softmax", False), CUDA))
+    assert not router.supports(spec_of(router_graph(2, 64, 9, DType.BF16, "topk_softmax", False), CUDA))
+    assert not router.supports(
+        spec_of(router_graph(2, 8, 2, DType.BF16, "topk_softmax", False), Target("cpu"))
+    )
+    assert moe.supports(spec_of(moe_graph(2, 8, 2, 32, 48, DType.BF16), ROCM))
+    assert not moe.supports(spec_of(moe_graph(2, 8, 2, 32, 48, DType.BF16), Target("cpu")))
+
+
+def test_moe_compile_units_follow_the_path() -> None:
+    """Concrete T: the kernels of the path the launch takes; symbolic T: every path of the config."""
+    kf = kernel("moe_ffn", interpret=False)
+    config = kf.configs_for(CUDA)[0]
+    names = lambda graph: [u.name for u in kf.compile_units(spec_of(graph, CUDA), config, CUDA)]  # noqa: E731
+    gemv = names(moe_graph(1, 8, 2, 64, 96, DType.BF16))
+    small = names(moe_graph(8, 8, 2, 64, 96, DType.BF16))
+    large = names(moe_graph(config["small_max_rows"] * 8, 8, 2, 64, 96, DType.BF16))
+    assert gemv == ["gate_up_gemv", "down_gemv"]
+    assert small == ["gate_up_grouped_small", "down_grouped_small", "sum_slots_small"]
+    assert large == ["gate_up_grouped_large", "down_grouped_large", "sum_slots_large"]
+    assert names(moe_graph(9, 8, 1, 64, 96, DType.BF16)) == small[:2]  # k = 1: no sum over slots
+    assert names(moe_graph("batch", 8, 2, 64, 96, DType.BF16)) == gemv + small + large
+
+
+# --- ahead-of-time compile, no device -----------------------------------------------------------------
+
+# Mixtral-8x7B is D 4096, F 14336, E 8, k 2; this is that layer scaled to fit one GPU's memory.
+MIXTRAL_SCALED = {"experts": 8, "k": 2, "dim": 2048, "ffn": 5632}
+
+
+def aot_cases() -> Iterator[tuple[str, str, int]]:
+    for target in ("cuda:sm_90", "rocm:gfx942"):
+        for name in ("topk_router", "moe_ffn"):
+            for tokens in (1, 32):
+                yield target, name, tokens
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target_name", "name", "tokens"), list(aot_cases()), ids=lambda v: str(v))
+def test_compile_units(target_name: str, name: str, tokens: int) -> None:
+    """The default config's units compile to device code (PTX/cubin, AMDGCN/HSACO) without a device."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    if process_interprets():
+        pytest.skip("triton was imported under TRITON_INTERPRET=1; AOT compilation needs compiled kernels")
+    target = Target.parse(target_name)
+    gpu = GPUTarget("cuda", 90, 32) if target.family == "cuda" else GPUTarget("hip", "gfx942", 64)
+    s = MIXTRAL_SCALED
+    if name == "topk_router":
+        graph = router_graph(tokens, s["experts"], s["k"], DType.BF16, "topk_softmax", False)
+    else:
+        graph = moe_graph(tokens, s["experts"], s["k"], s["dim"], s["ffn"], DType.BF16)
+    kf = kernel(name, interpret=False)
+    spec = spec_of(graph, target)
+    assert kf.supports(spec)
+    units = kf.compile_units(spec, kf.configs_for(target)[0], target)
+    assert units
+    for unit in units:
+        source = triton.compiler.ASTSource(unit.fn, dict(unit.signature), constexprs=dict(unit.constexprs))
+        compiled = triton.compile(source, target=gpu, options=dict(unit.options))
+        binary = "cubin" if target.family == "cuda" else "hsaco"
+        assert compiled.asm.get(binary), f"{unit.name}: no {binary} for {target}"
+
+
+# --- on a device ----------------------------------------------------------------------------------------
+
+
+def device_target() -> Target:
+    if torch.version.hip:
+        return Target("rocm", torch.cuda.get_device_properties(0).gcnArchName.split(":")[0])
+    major, minor = torch.cuda.get_device_capability()
+    return Target("cuda", f"sm_{major}{minor}")
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("rocm", marks=pytest.mark.rocm)]
+)
+def test_on_device(family: str) -> None:
+    """Compiled kernels on the GPU, every config, every path (T*k from 2 to 200), and the router."""
+    if process_interprets():
+        pytest.skip("triton was imported under TRITON_INTERPRET=1; the device test runs compiled kernels")
+    target = device_target()
+    seed, rng = seeded("MOE_SEED")
+    router, moe = kernel("topk_router", interpret=False), kernel("moe_ffn", interpret=False)
+    for mode, normalize in ROUTER_MODES:
+        for experts, k, ties in [(8, 2, False), (64, 8, True), (128, 8, False)]:
+            graph = router_graph(37, experts, k, DType.BF16, mode, normalize)
+            logits = router_logits(rng, 37, experts, DType.BF16, ties)
+            check_router(router, graph, target, logits, f"{mode} E={experts} k={k} (seed {seed})", "cuda")
+    for dtype in (DType.BF16, DType.F32):
+        for tokens, experts, k in [(1, 8, 2), (5, 8, 2), (33, 16, 1), (100, 8, 2)]:
+            graph = moe_graph(tokens, experts, k, 256, 320, dtype)
+            check_moe(moe, graph, target, rng, f"{dtype} T={tokens} E={experts} k={k} (seed {seed})", "cuda")
+
+
+if __name__ == "__main__":
+    print(RESULT_LINE + json.dumps(run_cases(sys.argv[1:] or list(CASES))))
