@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from polymorph.errors import UserError
@@ -269,6 +270,15 @@ assert set(REFERENCE) == set(OPS), "every op of the table has exactly one refere
 # --- the interpreter ---------------------------------------------------------------------------------
 
 
+def round_to(x: Array, dtype: DType) -> Array:
+    """float32 to `dtype`, rounding to nearest even. fp8 saturates: a value beyond the format's largest
+    finite number becomes that number (as torch's and the hardware's conversions do), never NaN."""
+    if dtype in (DType.F8E4M3, DType.F8E5M2):
+        limit = float(ml_dtypes.finfo(dtype.numpy).max)
+        x = np.where(np.isfinite(x), np.clip(x, -limit, limit), x)
+    return x.astype(dtype.numpy)
+
+
 def bind_symbols(graph: Graph, arrays: Mapping[str, Array]) -> dict[str, int]:
     """Match leaf arrays against the graph's declared types; return the value of every symbol.
 
@@ -333,5 +343,5 @@ def _as_type(arr: Array, t: TensorType, bindings: Mapping[str, int], where: str)
     if arr.shape != shape:
         raise AssertionError(f"{where}: reference produced {list(arr.shape)}, inferred {format_shape(shape)}")
     if t.dtype.is_float and arr.dtype != t.dtype.numpy:
-        return f32(arr).astype(t.dtype.numpy)
+        return round_to(f32(arr), t.dtype)
     return arr.astype(t.dtype.numpy, copy=False)

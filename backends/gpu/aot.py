@@ -66,7 +66,9 @@ def compile_unit(unit: CompileUnit, target: Target) -> CompiledUnit:
         options.pop("waves_per_eu", None)  # an AMD-only compile option
     # Pointers are 16-byte aligned, as Triton's JIT assumes for torch tensors at launch: without this
     # attribute the AOT build would use narrower loads than the code that runs, and report on it.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(unit.signature.values()) if t.startswith("*")}
+    attrs = {
+        (i,): [["tt.divisibility", 16]] for i, t in enumerate(unit.signature.values()) if t.startswith("*")
+    }
     src = ASTSource(unit.fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
     try:
         with warnings.catch_warnings():

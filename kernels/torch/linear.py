@@ -28,9 +28,12 @@ def build(spec, config, target):
         x, w = inputs[args[0]], inputs[args[1]]
         bias = inputs[args[2]] if len(args) == 3 else None
         if config["weight_layout"] == "kn":
-            wt = transposed.get(id(w))
-            if wt is None or wt[0] is not w:
-                wt = transposed[id(w)] = (w, w.t().contiguous())
+            # Keyed by storage and version: a weight changed in place (a test, a hot swap) is re-read.
+            key = (w.data_ptr(), w._version)
+            wt = transposed.get(key)
+            if wt is None:
+                transposed.clear()
+                wt = transposed[key] = (w, w.t().contiguous())
             y = torch.matmul(x, wt[1])  # [*, K] @ [K, N]
             if bias is not None:
                 y = y + bias

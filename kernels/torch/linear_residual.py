@@ -7,7 +7,11 @@ CONFIGS = [{}]
 
 
 def supports(spec):
-    return len(spec.node("linear").inputs) == 2
+    lin, add = spec.node("linear"), spec.node("add")
+    # The epilogue adds the residual onto the projection's rows: the sum has the projection's shape
+    # (a residual broadcast up onto it is fine; a projection broadcast up onto the residual is not).
+    fits = spec.types[add.outputs[0]].shape == spec.types[lin.outputs[0]].shape
+    return len(lin.inputs) == 2 and fits
 
 
 def build(spec, config, target):

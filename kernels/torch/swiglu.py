@@ -26,7 +26,7 @@ def build(spec, config, target):
     def launch(inputs, outputs, scratch):
         x, wg, wu = inputs[x_i], inputs[wg_i], inputs[wu_i]  # x: [*, D], w: [F, D]
         if config["gemm"] == "stacked":
-            key = (id(wg), id(wu))
+            key = (wg.data_ptr(), wg._version, wu.data_ptr(), wu._version)  # re-read after in-place edits
             if key not in stacked:
                 stacked.clear()
                 stacked[key] = torch.cat([wg, wu], dim=0)  # [2F, D]

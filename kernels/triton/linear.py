@@ -27,8 +27,8 @@ num_warps, num_stages, group_m (GEMM); waves_per_eu on rocm. One config carries 
 path; a shape takes only one path, so the list zips the two spaces instead of taking their product.
 
 Constraints (supports): cuda or rocm target; x, w, bias and y of one float dtype (bf16, f16, f32);
-concrete K and N; N * K < 2**31 (32-bit offsets). Every tensor contiguous with a 16-byte aligned base
-(checked at launch). fp32 accumulation; an f32 tl.dot runs in IEEE precision (no TF32), so every dtype
+concrete K and N; N * K < 2**31 (32-bit offsets). Every tensor contiguous, with a 16-byte aligned base
+where the vector loads rely on it (checked at launch). fp32 accumulation; an f32 tl.dot runs in IEEE precision (no TF32), so every dtype
 meets its op tolerance against the reference.
 """
 

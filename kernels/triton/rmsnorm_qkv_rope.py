@@ -46,21 +46,24 @@ IMPLEMENTS = "rmsnorm+qkv+rope+kv_write"
 # 2 us in a CUDA graph) is a third of the time.
 _CUDA_CONFIGS = [
     {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
      "block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3},
     {"gemv_block_n": 8, "gemv_block_k": 512, "gemv_warps": 4,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
+     "block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8,
-     "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
+# The tl.dot epilogue (split of the accumulator, cos/sin, two cache stores) is register-heavy: 64 x 128
+# tiles on 8 warps compile without spills on both targets (177 registers on sm_90, 118 VGPRs on
+# gfx942); 128 x 128 spills on gfx942.
 _ROCM_CONFIGS = [
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
+     "block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
-     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
+     "block_m": 64, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
 ]  # fmt: skip
 CONFIGS = _CUDA_CONFIGS
 
@@ -315,7 +318,10 @@ def _dims(spec: Any, p: dict[str, Any]) -> dict[str, Any]:
 def supports(spec: Any) -> bool:
     if not spec.target.is_gpu or spec.pattern != "rmsnorm+qkv+rope+kv_write":
         return False
-    p = _parts(spec)
+    try:
+        p = _parts(spec)
+    except KeyError:  # a group without the pattern's roles
+        return False
     floats = {v for s in ("norm", "q", "k", "v") for v in (*p[s].inputs, *p[s].outputs)}
     floats |= {p["q_rope"].outputs[0], p["k_write"].inputs[0], p["v_write"].inputs[0]}
     dtypes = {spec.types[v].dtype for v in floats}

@@ -242,7 +242,10 @@ def _parts(spec: Any) -> tuple[Any, Any, Any]:
 def supports(spec: Any) -> bool:
     if not spec.target.is_gpu or spec.pattern != "rmsnorm+linear+silu*mul":
         return False
-    norm, gate, up = _parts(spec)
+    try:
+        norm, gate, up = _parts(spec)
+    except KeyError:  # a group without the pattern's roles
+        return False
     values = {v for n in spec.nodes for v in (*n.inputs, *n.outputs)}
     dtypes = {spec.types[v].dtype for v in values}
     if len(dtypes) != 1 or str(next(iter(dtypes))) not in _FLOATS:

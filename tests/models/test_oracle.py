@@ -34,7 +34,9 @@ def _llama(tied: bool, llama3: bool):
 
 
 def _mixtral():
-    cfg = transformers.MixtralConfig(**SMALL, intermediate_size=40, num_local_experts=4, num_experts_per_tok=2)
+    cfg = transformers.MixtralConfig(
+        **SMALL, intermediate_size=40, num_local_experts=4, num_experts_per_tok=2
+    )
     return cfg, transformers.MixtralForCausalLM
 
 
@@ -116,4 +118,6 @@ def test_logits_match_transformers(checkpoint, engine):
         assert check.ok, f"{family} decode step {step} on {engine}: {check}"
         got = session.step([0], np.array([[tokens[-1]]], dtype=np.int32))
         tokens.append(int(np.argmax(got[0, -1])))
-    assert tokens == want_tokens, f"{family} greedy tokens on {engine}: {tokens} != transformers {want_tokens}"
+    assert tokens == want_tokens, (
+        f"{family} greedy tokens on {engine}: {tokens} != transformers {want_tokens}"
+    )
