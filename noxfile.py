@@ -7,6 +7,7 @@
     nox -s tests-neuron
     nox -s package        build the wheel, install it into a fresh venv, run the CLI from it
     nox -s demo           install polymorph and run `polymorph demo`
+    nox -s bench-cuda     the H200 decode benchmark (BENCHMARKS.md)
 
 Each session wraps a plain command, given in its docstring, that also runs without nox (the GPU
 machines have no nox). Arguments after `--` go to pytest or the CLI.
@@ -109,6 +110,20 @@ def lint(session: nox.Session) -> None:
     problems = package_list_problems()
     if problems:
         session.error("pyproject.toml [tool.setuptools] packages:\n  " + "\n  ".join(problems))
+
+
+@nox.session(name="bench-cuda", default=False, venv_params=["--system-site-packages"])
+def bench_cuda(session: nox.Session) -> None:
+    """The H200 decode benchmark against PyTorch eager and torch.compile (BENCHMARKS.md).
+
+    Plain: python bench/decode.py --batch 1 --ctx 1024 8192 --kernels --prefill 2048
+    """
+    session.install("--no-deps", ".")
+    session.run(
+        "python",
+        "bench/decode.py",
+        *(session.posargs or ["--batch", "1", "--ctx", "1024", "8192", "--kernels", "--prefill", "2048"]),
+    )
 
 
 @nox.session(default=False, reuse_venv=False)
