@@ -242,6 +242,12 @@ def main() -> int:
     args = p.parse_args()
     torch.manual_seed(0)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    try:  # what torch does not say: SM count, L2, memory clock and bus, through cuda-python
+        from polymorph.backends.cuda.backend import device_facts
+
+        print(f"device facts: {device_facts()}", flush=True)
+    except ImportError:
+        print("device facts: cuda-python is not installed", flush=True)
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s (read + write)", flush=True)
     model = load_model(args.model, dtype="bf16")

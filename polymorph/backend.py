@@ -213,10 +213,6 @@ class Registry:
 registry = Registry()
 
 
-def get_backend(name: str) -> Backend:
-    return registry.get(name)
-
-
 def check_profile(backend: Backend, profile: Profile) -> None:
     if profile.id not in backend.targets:
         raise UserError(

@@ -321,6 +321,113 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_address(args: argparse.Namespace) -> str:
+    from polymorph.knobs import knobs
+
+    address = args.engine or knobs.engine
+    if not address:
+        raise UserError(
+            "no engine given: pass --engine ADDR (printed by `polymorph engine start`) or set POLYMORPH_ENGINE"
+        )
+    return address
+
+
+def cmd_engine_start(args: argparse.Namespace) -> int:
+    from polymorph.engine.controller import start_detached
+    from polymorph.knobs import knobs
+
+    backend = args.backend or knobs.backend
+    address, pid = start_detached(
+        args.model,
+        backend,
+        args.target,
+        batch=args.batch,
+        ctx=args.ctx,
+        traffic=args.traffic,
+        dtype=args.dtype or _default_dtype(backend),
+        unix=args.unix,
+    )
+    print(address, flush=True)  # the first line is the address alone, for scripts
+    console.line(
+        f"engine pid {pid} holds {args.model} on {backend}; stop it: polymorph engine stop --engine {address}"
+    )
+    return 0
+
+
+def cmd_engine_swap(args: argparse.Namespace) -> int:
+    import json
+
+    from polymorph.engine.controller import Controller
+
+    try:
+        config = json.loads(args.config) if args.config else None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--config must be a JSON object: {e}") from None
+    with Controller.attach(_engine_address(args), budget_s=args.budget) as engine:
+        swap, gate = engine.try_candidate(args.group, args.kernel, config, seed=args.seed)
+    if swap.fault is not None:
+        raise CheckFailed(f"{args.kernel} rejected at {swap.fault.stage}: {swap.fault.cause}")
+    assert gate is not None
+    console.line(
+        f"swapped {args.kernel} into {args.group}: build {console.seconds(swap.build_s)}, "
+        f"swap {console.seconds(swap.swap_s)}, round trip {console.seconds(swap.round_trip_s)}"
+    )
+    if not gate.ok:
+        fault = gate.faults[0]
+        raise CheckFailed(f"{args.kernel} rejected at {fault.stage}: {fault.cause}; the stock kernel is back")
+    console.line(f"numerics gate passed over {len(gate.steps)} teacher-forced steps; the candidate stays in")
+    return 0
+
+
+def cmd_engine_measure(args: argparse.Namespace) -> int:
+    from polymorph.engine.controller import Controller
+
+    with Controller.attach(_engine_address(args), budget_s=args.budget) as engine:
+        result = engine.measure(args.tier, args.trials, args.group)
+    if "fault" in result:
+        raise CheckFailed(f"measure lost the engine: {result['fault']}")
+    if args.tier == "slow":
+        rows = [("decode step", console.seconds(result["median_s"]), console.seconds(result["spread_s"]))]
+    else:
+        rows = [
+            (g, console.seconds(t["median_s"]), console.seconds(t["spread_s"]))
+            for g, t in result["groups"].items()
+        ]
+    console.table(
+        f"{args.tier} tier, {result['trials']} trials ({result['timer']})", ["what", "median", "spread"], rows
+    )
+    return 0
+
+
+def cmd_engine_status(args: argparse.Namespace) -> int:
+    from polymorph.engine.controller import Controller
+
+    with Controller.attach(_engine_address(args), budget_s=args.budget) as engine:
+        status = engine.status()
+    candidates = [(g, e["kernel"], e["sha256"][:12]) for g, e in status["groups"].items() if e["candidate"]]
+    console.line(
+        f"engine pid {status['pid']}: {status['model']} on {status['backend']} ({status['target']}), "
+        f"{status['swaps']} swaps, weights loaded {status['weight_loads']}x, cache allocated "
+        f"{status['cache_allocations']}x"
+    )
+    console.table("candidate kernels in place", ["group", "kernel", "sha256"], candidates)
+    return 0
+
+
+def cmd_engine_stop(args: argparse.Namespace) -> int:
+    from polymorph.engine.controller import Controller, EngineError
+
+    address = _engine_address(args)
+    try:
+        engine = Controller.attach(address, budget_s=args.budget)
+    except EngineError as e:
+        raise UserError(f"no engine to stop: {e}") from None
+    engine.shutdown()
+    engine.close()
+    console.line(f"engine at {address} stopped")
+    return 0
+
+
 def cmd_knobs(args: argparse.Namespace) -> int:
     from polymorph.knobs import knobs
 
@@ -392,6 +499,39 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)"
     )
+    c = command("engine", None, "a persistent engine: start once, swap candidate kernels into it")
+    engine = c.add_subparsers(dest="engine_command", metavar="ACTION", parser_class=_Parser, required=True)
+
+    def engine_command(name: str, fn, help: str) -> argparse.ArgumentParser:
+        e = engine.add_parser(name, help=help, description=help)
+        e.set_defaults(fn=fn)
+        if name != "start":
+            e.add_argument("--engine", help="engine address (default: POLYMORPH_ENGINE)")
+            e.add_argument(
+                "--budget", type=float, default=30.0, help="seconds before a worker counts as hung"
+            )
+        return e
+
+    e = engine_command("start", cmd_engine_start, "start an engine with a model loaded; print its address")
+    model_args(e)
+    e.add_argument("--target", help="chip profile id (default: the backend's first)")
+    e.add_argument("--batch", type=int)
+    e.add_argument("--ctx", type=int)
+    e.add_argument("--traffic", help="traffic shape TOML; the slow tier runs its heaviest bucket")
+    e.add_argument("--unix", help="listen on this unix socket instead of 127.0.0.1")
+    e = engine_command(
+        "swap", cmd_engine_swap, "swap a candidate kernel into a group and gate it (exit 1: rejected)"
+    )
+    e.add_argument("group", help="node group id, e.g. layers.0.mlp.down+residual")
+    e.add_argument("kernel", help="the candidate kernel file")
+    e.add_argument("--config", help="kernel config as JSON (default: the file's first)")
+    e.add_argument("--seed", type=int, help="token seed of the gate (default: fresh random tokens)")
+    e = engine_command("measure", cmd_engine_measure, "time the engine as it stands")
+    e.add_argument("--tier", choices=("fast", "slow"), default="slow")
+    e.add_argument("--trials", type=int, default=20)
+    e.add_argument("--group", help="fast tier: time only this group")
+    engine_command("status", cmd_engine_status, "what the engine holds")
+    engine_command("stop", cmd_engine_stop, "stop the engine")
     command("knobs", cmd_knobs, "list the POLYMORPH_* environment variables")
     return p
 

@@ -1,0 +1,126 @@
+"""The engine's wire protocol: JSON lines between the trusted controller and one worker.
+
+Transport: a local stream socket, TCP on 127.0.0.1 or a unix socket. The worker prints its address
+as the first line of its stdout (`tcp://127.0.0.1:PORT` or `unix:///path/to.sock`) and then serves
+one connection at a time. Every message is one JSON object on one line (UTF-8, `\\n`-terminated).
+
+Request:   {"id": <int>, "op": <op>, ...op fields}
+Response:  {"id": <same int>, "ok": true,  "result": {...}}
+       or  {"id": <same int>, "ok": false, "error": {"kind": <kind>, "message": <text>}}
+
+Arrays (token ids in, logits out) travel as {"__ndarray__": <base64 of the C-ordered bytes>,
+"dtype": <numpy dtype str>, "shape": [...]}; `encode`/`decode` convert them both ways.
+
+Ops (fields after the op name; every field not marked required has a default):
+  load      model (required: a model name, config.json or checkpoint directory), backend ("cpu"),
+            target (the backend's first chip), batch, ctx, traffic (a traffic TOML; not with
+            batch/ctx), dtype, block_size.
+            Loads weights, allocates the KV cache once and builds every stock kernel.
+            -> {model, backend, target, graph_hash, groups: [{id, pattern, kernel}], load_s}
+  swap      group (required), path (required: a kernel file), config (the file's first config).
+            `path: null` puts the stock kernel back. Loads the file as a fresh module, builds it for
+            the group's spec and swaps the launch in; weights and KV cache stay as they are.
+            -> {group, sha256, build_s, swap_s}
+  verify    steps (required: [{"seqs": [...], "tokens": int32 [len(seqs), S]}]), batch, max_ctx,
+            group (informational: the group under test, or null for all).
+            Runs the steps teacher-forced by the caller on a zeroed cache with outputs poisoned
+            (NaN before every kernel); returns the logits of each step. The worker never sees
+            the expected logits: the controller compares.
+            -> {logits: [array per step]}; a step that raises ends the list, with
+               {failed_step, cause} added.
+  measure   tier ("fast" | "slow"), trials (20), group (fast tier: the group to time; null: all).
+            slow: whole decode steps at the loaded bucket (batch, ctx), fresh tokens for every call,
+            the cache restored afterwards. fast: each group's launch alone on one step's inputs.
+            Times with the backend's timer (cpu: the host's perf_counter_ns).
+            -> {tier, timer, median_s, spread_s (max - min), trials} (slow)
+               {tier, timer, groups: {id: {median_s, spread_s}}, trials} (fast)
+  status    -> {pid, loaded, model, backend, target, graph_hash, weight_loads, cache_allocations,
+                swaps, groups: {id: {kernel, sha256, candidate}}}
+  reset     stock kernel back in every group, cache zeroed. -> {restored: [group ids]}
+  shutdown  answers {} and the worker exits.
+
+Error kinds: `bad_request` (malformed or unknown op), `not_loaded`, `user` (a UserError: bad model,
+unknown group...), `candidate_build` (the candidate failed to import, does not support the group, or
+raised in build), `candidate_run` (raised while running steps), `internal` (a worker bug).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+
+OPS = ("load", "swap", "verify", "measure", "status", "reset", "shutdown")
+ERROR_KINDS = ("bad_request", "not_loaded", "user", "candidate_build", "candidate_run", "internal")
+TIERS = ("fast", "slow")
+
+
+class ProtocolError(Exception):
+    """A message that is not a valid protocol line."""
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        return {
+            "__ndarray__": base64.b64encode(arr.tobytes()).decode("ascii"),
+            "dtype": arr.dtype.str,
+            "shape": list(arr.shape),
+        }
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _hook(obj: dict[str, Any]) -> Any:
+    if "__ndarray__" in obj:
+        raw = base64.b64decode(obj["__ndarray__"])
+        return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+    return obj
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as one line of bytes (newline included)."""
+    return (json.dumps(message, default=_default, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    """One line back into a message (arrays restored); ProtocolError when it is not an object."""
+    try:
+        message = json.loads(line, object_hook=_hook)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"not a JSON line: {e}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    return message
+
+
+def request(id: int, op: str, **fields: Any) -> dict[str, Any]:
+    return {"id": id, "op": op, **fields}
+
+
+def ok(id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"id": id, "ok": True, "result": result}
+
+
+def error(id: Any, kind: str, message: str) -> dict[str, Any]:
+    assert kind in ERROR_KINDS, kind
+    return {"id": id, "ok": False, "error": {"kind": kind, "message": message}}
+
+
+def format_address(kind: str, where: str) -> str:
+    """`tcp://127.0.0.1:PORT` or `unix:///path`."""
+    return f"{kind}://{where}"
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """("tcp", (host, port)) or ("unix", path); ValueError naming the accepted forms."""
+    if address.startswith("unix://"):
+        return "unix", address[len("unix://") :]
+    if address.startswith("tcp://"):
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        if host and port.isdigit():
+            return "tcp", (host, int(port))
+    raise ValueError(f"engine address {address!r}: expected tcp://HOST:PORT or unix:///PATH")

@@ -1,0 +1,440 @@
+"""The engine worker: one persistent process per device that runs candidate code.
+
+    python -m polymorph.engine.worker [--port 0 | --unix PATH] [--watch-stdin]
+
+It prints its address as the first line of stdout, then serves the JSON-lines protocol of
+`polymorph.engine.protocol`, one connection at a time. It holds the loaded executable (weights and
+KV cache, allocated once per `load`) and swaps candidate kernels into it: `load_kernel` on the
+candidate's path (a fresh module every time) -> `build(spec, config, target)` -> `executable.swap`.
+It never holds reference outputs: `verify` returns the logits of the steps it is given and the
+controller compares them. A candidate that raises is reported with its cause and the worker goes on;
+a candidate that hangs or kills the process is the controller's to handle (it restarts the worker).
+
+With --watch-stdin the worker exits when its stdin closes, so it never outlives the controller that
+started it (a detached engine, started by `polymorph engine start`, runs without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polymorph.backend import Artifact, Executable, registry
+from polymorph.engine import protocol
+from polymorph.errors import UserError
+from polymorph.kernel_files import KernelSpec, Launch, load_choice, load_kernel
+from polymorph.kvcache import PagedKVCache
+from polymorph.lowering import kernel_spec
+from polymorph.plan import PlanGroup
+from polymorph.target import Target
+
+# The verify scenario the controller sends (two sequences, a few decode steps) must fit the cache
+# allocated at load, whatever the bucket: the cache is never reallocated for it.
+VERIFY_BATCH = 4
+VERIFY_CTX = 64
+
+
+class CandidateError(Exception):
+    """A candidate kernel failed; `kind` is a protocol error kind, the message names the cause."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _cause(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class Worker:
+    """The protocol's ops on one loaded executable. `handle(message) -> response` never raises."""
+
+    def __init__(self) -> None:
+        self.exe: Executable | None = None
+        self.artifact: Artifact | None = None
+        self.info: dict[str, Any] = {}
+        self.weight_loads = 0
+        self.cache_allocations = 0
+        self.swaps = 0
+        self.cache_blocks = 0
+        self.block_size = 0
+        self.bucket = (1, 1)  # (batch, ctx) of the slow tier
+        self.current: dict[str, dict[str, Any]] = {}  # group id -> {kernel, sha256, candidate}
+        self.stock: dict[str, Launch] = {}  # stock launches, built on first restore
+        self.stop = False
+
+    # --- dispatch ------------------------------------------------------------------------------------
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        rid = message.get("id")
+        op = message.get("op")
+        if op not in protocol.OPS:
+            return protocol.error(rid, "bad_request", f"unknown op {op!r}; ops: {', '.join(protocol.OPS)}")
+        if op not in ("load", "status", "shutdown") and self.exe is None:
+            return protocol.error(rid, "not_loaded", "no model is loaded; send `load` first")
+        try:
+            result = getattr(self, f"op_{op}")(message)
+        except CandidateError as e:
+            return protocol.error(rid, e.kind, str(e))
+        except UserError as e:
+            return protocol.error(rid, "user", str(e))
+        except (KeyError, TypeError, ValueError) as e:
+            return protocol.error(rid, "bad_request", f"bad `{op}` request: {_cause(e)}")
+        except Exception as e:  # a worker bug: report it, keep serving
+            return protocol.error(rid, "internal", f"{_cause(e)}\n{traceback.format_exc()}")
+        return protocol.ok(rid, result)
+
+    # --- ops -----------------------------------------------------------------------------------------
+
+    def op_load(self, m: dict[str, Any]) -> dict[str, Any]:
+        from polymorph import api
+        from polymorph.ir import serialize
+        from polymorph.models import load_model
+        from polymorph.passes import bucket_bindings
+
+        t0 = time.perf_counter()
+        options = {k: m[k] for k in ("dtype", "block_size") if m.get(k) is not None}
+        model = load_model(m["model"], **options)
+        backend = m.get("backend") or "cpu"
+        artifact = api.compile(
+            model, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
+        )
+        exe = registry.get(artifact.plan.backend).load(artifact, model.weights())
+        self.weight_loads += 1
+        bindings = artifact.plan.bindings or bucket_bindings(model.graph, batch=1, ctx=1024)
+        batch = int(bindings.get("batch", 1))
+        self.block_size = int(model.graph.meta.get("block_size", 16))
+        ctx_blocks = int(bindings.get("ctx_blocks", 1))
+        verify_blocks = VERIFY_BATCH * -(-VERIFY_CTX // self.block_size) + 1
+        self.cache_blocks = max(int(bindings.get("cache_blocks", 1)), verify_blocks)
+        exe.allocate_state(self.cache_blocks)
+        self.cache_allocations += 1
+        self.exe, self.artifact = exe, artifact
+        self.bucket = (batch, ctx_blocks * self.block_size)
+        self.stock.clear()
+        self.current = {
+            g.id: {"kernel": g.kernel.file, "sha256": g.kernel.sha256, "candidate": False}
+            for g in artifact.plan.groups
+        }
+        self.info = {
+            "model": model.source,
+            "backend": artifact.plan.backend,
+            "target": artifact.plan.target,
+            "graph_hash": serialize.content_hash(model.graph),
+            "dtype": str(model.graph.meta.get("dtype", "f32")),
+            "block_size": self.block_size,
+            "bucket": {"batch": batch, "ctx": self.bucket[1]},
+        }
+        groups = [{"id": g.id, "pattern": g.pattern, "kernel": g.kernel.file} for g in artifact.plan.groups]
+        return {**self.info, "groups": groups, "load_s": time.perf_counter() - t0}
+
+    def op_swap(self, m: dict[str, Any]) -> dict[str, Any]:
+        group = self._group(m["group"])
+        if not callable(getattr(self.exe, "swap", None)):
+            raise UserError(
+                f"backend `{self.info['backend']}` cannot hot-swap kernels (no Feature.HOT_RELOAD)"
+            )
+        path = m.get("path")
+        if path is None:
+            t0 = time.perf_counter()
+            launch = self._stock_launch(group)
+            t1 = time.perf_counter()
+            self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+            self.current[group.id] = {
+                "kernel": group.kernel.file,
+                "sha256": group.kernel.sha256,
+                "candidate": False,
+            }
+            return {
+                "group": group.id,
+                "sha256": group.kernel.sha256,
+                "build_s": t1 - t0,
+                "swap_s": time.perf_counter() - t1,
+            }
+        t0 = time.perf_counter()
+        try:
+            kernel = load_kernel(path)
+        except UserError as e:
+            raise CandidateError("candidate_build", str(e)) from None
+        target = Target.parse(self.artifact.plan.target)  # type: ignore[union-attr]
+        spec = self._spec(group, target)
+        try:
+            if not kernel.supports(spec):
+                raise CandidateError(
+                    "candidate_build",
+                    f"{path}: does not support group `{group.id}` (pattern {group.pattern}; "
+                    f"the file implements {', '.join(kernel.implements)})",
+                )
+            config = m.get("config")
+            config = dict(kernel.configs_for(target)[0] if config is None else config)
+            launch = kernel.build(spec, config, target)
+        except CandidateError:
+            raise
+        except Exception as e:  # the candidate's own code raised
+            raise CandidateError("candidate_build", f"{path}: build raised {_cause(e)}") from None
+        if not callable(launch):
+            raise CandidateError(
+                "candidate_build", f"{path}: build returned {type(launch).__name__}, not a launch"
+            )
+        t1 = time.perf_counter()
+        self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+        t2 = time.perf_counter()
+        self.swaps += 1
+        self.current[group.id] = {"kernel": str(path), "sha256": kernel.sha256, "candidate": True}
+        return {"group": group.id, "sha256": kernel.sha256, "build_s": t1 - t0, "swap_s": t2 - t1}
+
+    def op_verify(self, m: dict[str, Any]) -> dict[str, Any]:
+        steps = m["steps"]
+        max_ctx = int(m.get("max_ctx", VERIFY_CTX))
+        cache = self._fresh_cache(max_ctx)
+        exe = self.exe
+        poison = getattr(exe, "poison", None)
+        if poison is not None:
+            exe.poison = True  # type: ignore[union-attr]  # a kernel that skips a write shows NaN
+        logits: list[np.ndarray] = []
+        try:
+            for i, step in enumerate(steps):
+                seqs = [int(s) for s in step["seqs"]]
+                tokens = np.asarray(step["tokens"], dtype=np.int32)
+                positions = np.stack([cache.reserve(s, tokens.shape[1]) for s in seqs])
+                inputs = {"tokens": tokens, "positions": positions, "block_table": cache.block_table(seqs)}
+                try:
+                    out = exe.run(inputs)["logits"]  # type: ignore[union-attr]
+                except Exception as e:  # the candidate raised mid-step
+                    return {"logits": logits, "failed_step": i, "cause": _cause(e)}
+                logits.append(np.asarray(out))
+        finally:
+            if poison is not None:
+                exe.poison = poison  # type: ignore[union-attr]
+        return {"logits": logits}
+
+    def op_measure(self, m: dict[str, Any]) -> dict[str, Any]:
+        tier = m.get("tier", "fast")
+        trials = int(m.get("trials", 20))
+        if tier not in protocol.TIERS or trials < 1:
+            raise ValueError(f"tier must be one of {protocol.TIERS} and trials >= 1")
+        batch, ctx = self.bucket
+        cache = self._fresh_cache(ctx)
+        seqs = list(range(batch))
+        for s in seqs:
+            cache.reserve(s, ctx - 1)  # a decode step at the bucket's longest context
+        positions = np.stack([cache.reserve(s, 1) for s in seqs])
+        table = cache.block_table(seqs)
+        vocab = int(self.artifact.plan.graph.params["model.embed_tokens.weight"].shape[0])  # type: ignore[union-attr]
+        rng = np.random.default_rng()
+
+        def inputs() -> dict[str, np.ndarray]:
+            tokens = rng.integers(0, vocab, size=(batch, 1), dtype=np.int32)  # fresh content per call
+            return {"tokens": tokens, "positions": positions, "block_table": table}
+
+        timer = "host perf_counter_ns"
+        saved = self._save_state()
+        try:
+            if tier == "slow":
+                times = _time(lambda: self.exe.run(inputs()), trials, self._sync)  # type: ignore[union-attr]
+                return {"tier": tier, "timer": timer, "trials": trials, **_stats(times)}
+            if self.info["backend"] != "cpu":
+                # GpuExecutable.time_groups (device events) is the path there; not wired up yet.
+                raise UserError(f"the fast tier is built for cpu only so far, not {self.info['backend']}")
+            groups = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
+            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups}
+        finally:
+            self._restore_state(saved)
+
+    def op_status(self, m: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "loaded": self.exe is not None,
+            **self.info,
+            "weight_loads": self.weight_loads,
+            "cache_allocations": self.cache_allocations,
+            "swaps": self.swaps,
+            "groups": self.current,
+        }
+
+    def op_reset(self, m: dict[str, Any]) -> dict[str, Any]:
+        restored = []
+        for gid, entry in list(self.current.items()):
+            if entry["candidate"]:
+                self.op_swap({"group": gid, "path": None})
+                restored.append(gid)
+        self._zero_state()
+        return {"restored": restored}
+
+    def op_shutdown(self, m: dict[str, Any]) -> dict[str, Any]:
+        self.stop = True
+        return {}
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _group(self, group_id: str) -> PlanGroup:
+        for g in self.artifact.plan.groups:  # type: ignore[union-attr]
+            if g.id == group_id:
+                return g
+        raise UserError(f"no node group `{group_id}` in this plan")
+
+    def _stock_launch(self, group: PlanGroup) -> Launch:
+        if group.id not in self.stock:
+            plan = self.artifact.plan  # type: ignore[union-attr]
+            target = Target.parse(plan.target)
+            kernel = load_choice(group.kernel.file, group.kernel.sha256, self.artifact.out_dir)  # type: ignore[union-attr]
+            spec = self._spec(group, target)
+            self.stock[group.id] = kernel.build(spec, group.kernel.config, target)
+        return self.stock[group.id]
+
+    def _spec(self, group: PlanGroup, target: Target) -> KernelSpec:
+        """The spec a group's kernel is built for, as the backend's executable builds it: the cpu
+        executable builds on the symbolic graph; the GPU executable on the graph specialized to the
+        plan's bucket (GpuExecutable._build; not yet run here, no GPU)."""
+        plan = self.artifact.plan  # type: ignore[union-attr]
+        graph = plan.graph
+        if plan.backend != "cpu" and plan.bindings:
+            from polymorph.passes import specialize
+
+            graph = specialize(graph, plan.bindings)
+        return kernel_spec(graph, group, graph.types(), target)
+
+    def _fresh_cache(self, max_ctx: int) -> PagedKVCache:
+        """Block bookkeeping over the cache allocated at load (zeroed in place, never reallocated)."""
+        ctx_blocks = -(-max_ctx // self.block_size)
+        if ctx_blocks > self.cache_blocks - 1:
+            raise UserError(
+                f"max_ctx {max_ctx} needs {ctx_blocks} blocks; the engine holds {self.cache_blocks - 1}"
+            )
+        self._zero_state()
+        return PagedKVCache(self.block_size, self.cache_blocks, ctx_blocks)
+
+    def _zero_state(self) -> None:
+        for t in getattr(self.exe, "state", {}).values():
+            t.zero_()
+
+    def _save_state(self) -> dict[str, Any]:
+        return {k: v.clone() for k, v in getattr(self.exe, "state", {}).items()}
+
+    def _restore_state(self, saved: Mapping[str, Any]) -> None:
+        state = getattr(self.exe, "state", {})
+        for k, v in saved.items():
+            state[k].copy_(v)
+
+    def _sync(self) -> None:
+        # GPU executables queue work asynchronously: the host timer must wait for the device.
+        if self.info.get("backend") in ("cuda", "rocm"):
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def _time(fn: Any, trials: int, sync: Any, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(trials):
+        t0 = time.perf_counter_ns()
+        fn()
+        sync()
+        times.append((time.perf_counter_ns() - t0) * 1e-9)
+    return times
+
+
+def _stats(times: list[float]) -> dict[str, float]:
+    return {"median_s": float(np.median(times)), "spread_s": float(max(times) - min(times))}
+
+
+def _time_groups(
+    exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None, sync: Any
+) -> dict:
+    """Each group's launch alone, on the inputs one step of `inputs` gives it (cpu executable)."""
+    import torch
+
+    from polymorph.backends.torch_bridge import IR_DTYPE, to_torch
+    from polymorph.reference import bind_leaf_shapes
+
+    env: dict[str, Any] = {**exe.params, **exe.state}
+    env.update({k: to_torch(v) for k, v in inputs.items()})
+    bindings = bind_leaf_shapes(exe.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()})
+    out: dict[str, dict[str, float]] = {}
+    with torch.inference_mode():
+        for group, launch in exe.launches:
+            ins = [env[v] for v in group.inputs]
+            outs = [exe._output(v, bindings) for v in group.outputs]
+            if only is None or group.id == only:
+                out[group.id] = _stats(_time(lambda: launch(ins, outs, None), trials, sync))  # noqa: B023
+            else:
+                launch(ins, outs, None)
+            env.update(zip(group.outputs, outs, strict=True))
+    if only is not None and only not in out:
+        raise UserError(f"no node group `{only}` in this plan")
+    return out
+
+
+# --- the process -------------------------------------------------------------------------------------
+
+
+def serve(listener: socket.socket, worker: Worker) -> None:
+    while not worker.stop:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as reader:
+            for line in reader:
+                if not line.strip():
+                    continue
+                try:
+                    message = protocol.decode(line)
+                except protocol.ProtocolError as e:
+                    response = protocol.error(None, "bad_request", str(e))
+                else:
+                    response = worker.handle(message)
+                conn.sendall(protocol.encode(response))
+                if worker.stop:
+                    return
+
+
+def _watch_stdin() -> None:
+    sys.stdin.buffer.read()  # returns at EOF: the controller is gone
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m polymorph.engine.worker", description=__doc__.splitlines()[0])
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
+    where.add_argument("--unix", type=Path, help="a unix socket path instead of TCP")
+    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    args = p.parse_args(argv)
+    if args.unix is not None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        args.unix.unlink(missing_ok=True)
+        listener.bind(str(args.unix))
+        address = protocol.format_address("unix", str(args.unix))
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", args.port))
+        address = protocol.format_address("tcp", f"127.0.0.1:{listener.getsockname()[1]}")
+    listener.listen(1)
+    if args.watch_stdin:
+        threading.Thread(target=_watch_stdin, daemon=True).start()
+    print(address, flush=True)
+    # Nothing else goes to stdout: a candidate's prints would fill a pipe nobody reads and hang the
+    # worker, or break a detached engine's closed pipe. They go to stderr (the worker's log).
+    os.dup2(2, 1)
+    try:
+        serve(listener, Worker())
+    finally:
+        listener.close()
+        if args.unix is not None:
+            args.unix.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

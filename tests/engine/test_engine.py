@@ -1,0 +1,284 @@
+"""The persistent engine on the cpu backend: a worker process holding llama-tiny, driven by the
+controller over 127.0.0.1. Candidates are swapped into a `linear+residual` group and gated by
+teacher-forced whole-model numerics against the reference; faults cost the candidate, never the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polymorph.engine import protocol
+from polymorph.engine.controller import Controller, start_detached
+from polymorph.engine.worker import Worker
+from polymorph.kernel_files import kernels_root
+
+GROUP = "layers.0.mlp.down+residual"
+OTHER = "layers.1.attn.o+residual"
+
+HEADER = """
+import os, time
+import torch
+
+IMPLEMENTS = "linear+residual"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return True
+"""
+
+# Forgets the residual: x @ w^T only.
+NO_RESIDUAL = (
+    HEADER
+    + """
+
+def build(spec, config, target):
+    x_i, w_i = spec.args(spec.node("linear"))
+
+    def launch(inputs, outputs, scratch):
+        x, w = inputs[x_i], inputs[w_i]
+        outputs[0].copy_((x.reshape(-1, x.shape[-1]).float() @ w.float().t()).reshape(outputs[0].shape))
+
+    return launch
+"""
+)
+
+UNWRITTEN = (
+    HEADER + "\n\ndef build(spec, config, target):\n    return lambda inputs, outputs, scratch: None\n"
+)
+RAISES_AT_BUILD = HEADER + "\n\ndef build(spec, config, target):\n    raise RuntimeError('no tile fits')\n"
+RAISES_AT_RUN = (
+    HEADER
+    + "\n\ndef build(spec, config, target):\n"
+    + "    def launch(inputs, outputs, scratch):\n        raise IndexError('tile out of range')\n"
+    + "    return launch\n"
+)
+HANGS = (
+    HEADER
+    + "\n\ndef build(spec, config, target):\n"
+    + "    def launch(inputs, outputs, scratch):\n        time.sleep(3600)\n"
+    + "    return launch\n"
+)
+KILLS_PROCESS = (
+    HEADER
+    + "\n\ndef build(spec, config, target):\n"
+    + "    def launch(inputs, outputs, scratch):\n        os._exit(3)\n"
+    + "    return launch\n"
+)
+
+# Right at the verify scenario's shapes, hangs at the measured bucket's (batch 1, one new token).
+HANGS_AT_BUCKET = (
+    HEADER
+    + """
+
+def build(spec, config, target):
+    lin, add = spec.node("linear"), spec.node("add")
+    x_i, w_i = spec.args(lin)
+    r_i = spec.inputs.index(next(v for v in add.inputs if v != lin.outputs[0]))
+
+    def launch(inputs, outputs, scratch):
+        x, w, r = inputs[x_i], inputs[w_i], inputs[r_i]
+        if tuple(x.shape[:2]) == (1, 1):
+            time.sleep(3600)
+        outputs[0].copy_((r + x.float() @ w.float().t()).reshape(outputs[0].shape))
+
+    return launch
+"""
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def running() -> Controller:
+    with Controller.start("llama-tiny", backend="cpu", budget_s=20.0) as engine:
+        yield engine
+
+
+@pytest.fixture
+def engine(running: Controller) -> Controller:
+    running.reset()
+    running.budget_s = 20.0
+    return running
+
+
+def candidate(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def correct(tmp_path: Path) -> Path:
+    path = tmp_path / "linear_residual_copy.py"
+    shutil.copyfile(kernels_root() / "torch" / "linear_residual.py", path)
+    with path.open("a") as f:
+        f.write("\n# an agent's copy: same code, a different file hash\n")
+    return path
+
+
+def test_correct_candidate_passes_without_reloading_weights(engine: Controller, tmp_path: Path) -> None:
+    before = engine.status()
+    swap = engine.swap(GROUP, correct(tmp_path))
+    assert swap.ok and swap.fault is None
+    assert swap.sha256 != before["groups"][GROUP]["sha256"]
+    gate = engine.verify()
+    assert gate.ok, gate.first_failure()
+    assert len(gate.steps) == 6  # two prefills, four ragged decode steps
+    after = engine.status()
+    assert after["groups"][GROUP] == {"kernel": str(swap.kernel), "sha256": swap.sha256, "candidate": True}
+    assert after["weight_loads"] == before["weight_loads"] == 1
+    assert after["cache_allocations"] == before["cache_allocations"] == 1
+    assert after["swaps"] == before["swaps"] + 1
+    assert after["pid"] == before["pid"]
+    assert engine.accepted == {GROUP: (str(swap.kernel), None)}
+
+
+def test_wrong_candidate_is_rejected_and_stock_restored(engine: Controller, tmp_path: Path) -> None:
+    stock = engine.status()["groups"][GROUP]
+    assert engine.swap(GROUP, candidate(tmp_path, "no_residual", NO_RESIDUAL)).ok
+    gate = engine.verify()
+    assert not gate.ok
+    assert [f.stage for f in gate.faults] == ["numerics"]
+    assert engine.faults[-1] == gate.faults[0]
+    assert engine.status()["groups"][GROUP] == stock
+    assert engine.verify().ok  # later steps match again with the stock kernel back
+
+
+def test_unwritten_output_never_passes(engine: Controller, tmp_path: Path) -> None:
+    assert engine.swap(GROUP, candidate(tmp_path, "unwritten", UNWRITTEN)).ok
+    gate = engine.verify()
+    assert not gate.ok
+    assert "NaN" in gate.faults[0].cause  # outputs are poisoned before every kernel
+    assert not engine.status()["groups"][GROUP]["candidate"]
+
+
+def test_candidate_raising_at_build_is_recorded(engine: Controller, tmp_path: Path) -> None:
+    pid = engine.pid
+    swap = engine.swap(GROUP, candidate(tmp_path, "raises_at_build", RAISES_AT_BUILD))
+    assert not swap.ok
+    assert swap.fault is not None and swap.fault.stage == "build"
+    assert "RuntimeError: no tile fits" in swap.fault.cause
+    assert engine.pid == pid and engine.verify().ok
+
+
+def test_candidate_raising_at_run_is_swapped_out(engine: Controller, tmp_path: Path) -> None:
+    pid = engine.pid
+    assert engine.swap(GROUP, candidate(tmp_path, "raises_at_run", RAISES_AT_RUN)).ok
+    gate = engine.verify()
+    assert not gate.ok
+    assert gate.faults[0].stage == "run" and "IndexError: tile out of range" in gate.faults[0].cause
+    assert engine.pid == pid
+    assert not engine.status()["groups"][GROUP]["candidate"]
+    assert engine.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "stage"),
+    [
+        pytest.param("hangs", HANGS, "hang", id="hang"),
+        pytest.param("kills", KILLS_PROCESS, "crash", id="crash"),
+    ],
+)
+def test_worker_lost_to_a_candidate_is_replaced(
+    engine: Controller, tmp_path: Path, name: str, source: str, stage: str
+) -> None:
+    good = engine.try_candidate(OTHER, correct(tmp_path))[1]
+    assert good is not None and good.ok
+    old_pid = engine.pid
+    restarts = engine.restarts
+    engine.budget_s = 3.0
+    assert engine.swap(GROUP, candidate(tmp_path, name, source)).ok
+    gate = engine.verify()
+    assert not gate.ok
+    assert [(f.group, f.stage) for f in gate.faults] == [(GROUP, stage)]
+    assert engine.restarts == restarts + 1
+    assert engine.pid != old_pid and not alive(old_pid)
+    status = engine.status()
+    assert status["groups"][OTHER]["candidate"]  # the accepted candidate survives the restart
+    assert not status["groups"][GROUP]["candidate"]
+    assert engine.verify().ok
+
+
+def test_candidate_hanging_only_when_measured_is_recorded(engine: Controller, tmp_path: Path) -> None:
+    swap, gate = engine.try_candidate(GROUP, candidate(tmp_path, "hangs_at_bucket", HANGS_AT_BUCKET))
+    assert swap.ok and gate is not None and gate.ok
+    old_pid = engine.pid
+    engine.budget_s = 3.0
+    result = engine.measure("slow", trials=3)
+    assert [(f["group"], f["stage"]) for f in result["fault"]] == [(GROUP, "hang")]
+    assert engine.pid != old_pid and not alive(old_pid)
+    assert not engine.status()["groups"][GROUP]["candidate"]
+    assert engine.measure("slow", trials=3)["median_s"] > 0
+
+
+def test_measure_both_tiers(engine: Controller) -> None:
+    slow = engine.measure("slow", trials=5)
+    assert slow["median_s"] > 0 and slow["spread_s"] >= 0 and slow["trials"] == 5
+    fast = engine.measure("fast", trials=5, group=GROUP)
+    assert list(fast["groups"]) == [GROUP] and fast["groups"][GROUP]["median_s"] > 0
+
+
+def test_unix_socket_and_shutdown_leave_no_process() -> None:
+    engine = Controller.start("llama-tiny", backend="cpu", unix=True)
+    pid = engine.pid
+    assert pid is not None and engine.address.startswith("unix://")
+    assert engine.status()["loaded"]
+    engine.close()
+    assert not alive(pid)
+
+
+def test_detached_engine_is_driven_by_attached_controllers(tmp_path: Path) -> None:
+    address, pid = start_detached("llama-tiny", "cpu", log=tmp_path / "worker.log")
+    try:
+        with Controller.attach(address) as first:
+            assert first.pid is None  # not ours to restart
+            swap, gate = first.try_candidate(GROUP, correct(tmp_path))
+            assert swap.ok and gate is not None and gate.ok
+        assert alive(pid)  # closing an attached controller only disconnects
+        second = Controller.attach(address)
+        assert second.status()["groups"][GROUP]["candidate"]
+        second.shutdown()
+        second.close()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)  # our child here (the CLI's exits and leaves it to init)
+        except ChildProcessError:
+            pass
+    assert not alive(pid)
+
+
+def test_worker_answers_bad_requests_without_a_model() -> None:
+    worker = Worker()
+    assert worker.handle({"id": 1, "op": "nope"})["error"]["kind"] == "bad_request"
+    assert (
+        worker.handle({"id": 2, "op": "swap", "group": GROUP, "path": "x.py"})["error"]["kind"]
+        == "not_loaded"
+    )
+    assert worker.handle({"id": 3, "op": "status"}) == protocol.ok(3, worker.op_status({}))
+
+
+def test_protocol_round_trip() -> None:
+    logits = np.arange(12, dtype=np.float32).reshape(3, 4)
+    line = protocol.encode(protocol.ok(7, {"logits": [logits], "n": np.int64(2)}))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    back = protocol.decode(line)
+    assert back["id"] == 7 and back["result"]["n"] == 2
+    np.testing.assert_array_equal(back["result"]["logits"][0], logits)
+    assert protocol.parse_address("tcp://127.0.0.1:5000") == ("tcp", ("127.0.0.1", 5000))
+    assert protocol.parse_address("unix:///tmp/e.sock") == ("unix", "/tmp/e.sock")
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(b"[1, 2]")
