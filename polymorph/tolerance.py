@@ -30,10 +30,13 @@ OP_TOLERANCE: dict[DType, Tolerance] = {
 }
 
 # A whole model's logits against the reference (or transformers), after every layer compounded.
+# bf16: engines that round at different points (a fused kernel keeps its intermediates in fp32, the
+# reference rounds every op's output) drift apart by a few bf16 steps per layer; on unit-scale logits
+# the fused Triton plans of llama-tiny reached 0.059 over 6 seeds, so 0.06 was too tight to be stable.
 MODEL_TOLERANCE: dict[DType, Tolerance] = {
     DType.F32: Tolerance(rtol=1e-3, atol=1e-4),
     DType.F16: Tolerance(rtol=2e-2, atol=2e-2),
-    DType.BF16: Tolerance(rtol=6e-2, atol=6e-2),
+    DType.BF16: Tolerance(rtol=8e-2, atol=8e-2),
 }
 
 
