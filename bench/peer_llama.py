@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from polymorph.ir.ops import OPS, normalize_attrs
 from polymorph.models.config import ModelConfig
 from polymorph.reference import rope_inv_freq
 
@@ -28,10 +29,7 @@ class PeerLlama(torch.nn.Module):
         shape = (batch, hkv, max_ctx, hd)
         self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        attrs = {"theta": cfg.rope.theta, "rope_type": cfg.rope.rope_type, "factor": cfg.rope.factor or 1.0,
-                 "low_freq_factor": cfg.rope.low_freq_factor or 1.0,
-                 "high_freq_factor": cfg.rope.high_freq_factor or 4.0,
-                 "original_max_position_embeddings": cfg.rope.original_max_position_embeddings or 8192}  # fmt: skip
+        attrs = normalize_attrs(OPS["rope"], cfg.rope.op_attrs())
         inv = torch.from_numpy(rope_inv_freq(hd, attrs)).to(device)
         angles = torch.arange(max_ctx, device=device, dtype=torch.float32)[:, None] * inv  # [T, Dh/2]
         self.cos, self.sin = angles.cos(), angles.sin()

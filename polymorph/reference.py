@@ -65,8 +65,9 @@ def _layernorm(ins: list[Array], a: Mapping) -> list[Array]:
     return [(x - mean) / np.sqrt(var + np.float32(a["eps"])) * w + b]
 
 
-def rope_inv_freq(head_dim: int, a: Mapping) -> Array:
-    """Inverse frequencies [head_dim / 2] of a rope op's attributes (llama3 scaling included)."""
+def rope_inv_freq(head_dim: int, a: Mapping, dtype: type = np.float32) -> Array:
+    """Inverse frequencies [head_dim / 2] of a rope op's attributes (llama3 scaling included),
+    computed in float64 as transformers does, returned as `dtype`."""
     inv = 1.0 / (a["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if a["rope_type"] == "llama3":
         factor, lo, hi = a["factor"], a["low_freq_factor"], a["high_freq_factor"]
@@ -77,7 +78,7 @@ def rope_inv_freq(head_dim: int, a: Mapping) -> Array:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / hi) & (wavelen <= old / lo)
         inv = np.where(medium, smoothed, scaled)
-    return inv.astype(np.float32)
+    return inv.astype(dtype)
 
 
 def _rope(ins: list[Array], a: Mapping) -> list[Array]:

@@ -58,25 +58,24 @@ class RopeConfig:
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
 
+    def op_attrs(self) -> dict[str, Any]:
+        """The attributes of the IR's `rope` op for this configuration (defaults for the unset fields)."""
+        attrs: dict[str, Any] = {"theta": float(self.theta), "rope_type": self.rope_type}
+        scaling = {
+            "factor": self.factor,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+        }
+        attrs.update({k: v for k, v in scaling.items() if v is not None})
+        return attrs
+
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """Inverse frequencies, float64 of shape [head_dim // 2], as transformers computes them."""
-        # inv_freq: [head_dim // 2]
-        inv_freq = 1.0 / (self.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-        if self.rope_type == "default":
-            return inv_freq
-        assert self.factor is not None and self.low_freq_factor is not None
-        assert self.high_freq_factor is not None and self.original_max_position_embeddings is not None
-        old_context = float(self.original_max_position_embeddings)
-        low_freq_wavelen = old_context / self.low_freq_factor
-        high_freq_wavelen = old_context / self.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
-        smooth = (old_context / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-        return np.where(medium, smoothed, scaled)
+        from polymorph.ir.ops import OPS, normalize_attrs
+        from polymorph.reference import rope_inv_freq
+
+        return rope_inv_freq(head_dim, normalize_attrs(OPS["rope"], self.op_attrs()), np.float64)
 
     def to_hf_scaling(self) -> dict[str, Any] | None:
         """The transformers-4 `rope_scaling` value: None for "default", else the scaling dict."""

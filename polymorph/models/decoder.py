@@ -61,14 +61,7 @@ def build_decoder(
     table = g.input("block_table", DType.I32, ("batch", "ctx_blocks"))
     embed = g.param("model.embed_tokens.weight", dtype, (cfg.vocab_size, d))
     x = g.op("embedding", "embed", embed, tokens)  # [B, S, D]
-    scaling = {
-        "factor": cfg.rope.factor,
-        "low_freq_factor": cfg.rope.low_freq_factor,
-        "high_freq_factor": cfg.rope.high_freq_factor,
-        "original_max_position_embeddings": cfg.rope.original_max_position_embeddings,
-    }
-    rope = {"theta": cfg.rope.theta, "rope_type": cfg.rope.rope_type}
-    rope.update({k: v for k, v in scaling.items() if v is not None})
+    rope = cfg.rope.op_attrs()
     eps = cfg.rms_norm_eps
 
     def linear(node: str, x: str, weight: str, n_out: int, n_in: int, bias: bool) -> str:
