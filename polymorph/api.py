@@ -127,4 +127,5 @@ def verify(model: str | Path | Model, backend: str | None = None, *, seed: int |
     candidate = registry.get(artifact.plan.backend).load(artifact, m.weights())
     if hasattr(candidate, "poison"):
         candidate.poison = True  # outputs start as NaN: a kernel that skips writing cannot pass
-    return verify_executable(candidate, ReferenceExecutable(m.graph, m.weights()), m.graph, seed=seed)
+    stock = ReferenceExecutable(m.graph, m.weights(), keep_values=True)  # router near-ties are checked
+    return verify_executable(candidate, stock, m.graph, seed=seed)

@@ -259,7 +259,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     rows = [
         (
             s.step,
-            "ok" if s.comparison.ok else "MISMATCH",
+            (s.note or "ok") if s.comparison.ok else "MISMATCH",
             f"{s.comparison.max_abs:.3g}",
             f"{s.comparison.mismatched}/{s.comparison.total}",
         )

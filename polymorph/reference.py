@@ -319,8 +319,10 @@ def run(
     params: Mapping[str, Array],
     inputs: Mapping[str, Array],
     state: dict[str, Array],
+    trace: dict[str, Array] | None = None,
 ) -> dict[str, Array]:
-    """Run `graph` once; return its outputs by name. `state` arrays are written in place."""
+    """Run `graph` once; return its outputs by name. `state` arrays are written in place.
+    With `trace`, every value of the step (intermediates included) is stored in it by name."""
     env: dict[str, Array] = {**params, **inputs, **state}
     bindings = bind_symbols(graph, env)
     types = graph.types()
@@ -336,6 +338,8 @@ def run(
     for name, value in graph.state_updates.items():
         if env[value] is not state[name]:
             state[name][...] = env[value]
+    if trace is not None:
+        trace.update(env)
     return {name: env[value] for name, value in graph.outputs.items()}
 
 

@@ -22,10 +22,12 @@ from polymorph.kvcache import PagedKVCache
 class ReferenceExecutable(Executable):
     """The stock engine: the numpy reference interpreter behind the Executable interface."""
 
-    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, keep_values: bool = False) -> None:
         self.graph = graph
         self.weights = dict(weights)
         self.state: dict[str, np.ndarray] = {}
+        self.keep_values = keep_values  # keep every value of the last step (for checks that look inside)
+        self.last_values: dict[str, np.ndarray] = {}
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.state = {
@@ -34,7 +36,10 @@ class ReferenceExecutable(Executable):
         }
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return reference.run(self.graph, self.weights, inputs, self.state)
+        trace: dict[str, np.ndarray] | None = {} if self.keep_values else None
+        out = reference.run(self.graph, self.weights, inputs, self.state, trace)
+        self.last_values = trace or {}
+        return out
 
     def read_state(self, name: str) -> np.ndarray:
         return self.state[name].copy()

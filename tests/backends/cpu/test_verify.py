@@ -62,27 +62,24 @@ def test_verify_passes_bf16_llama() -> None:
 
 @pytest.mark.parametrize("name", MOE_MODELS)
 def test_verify_passes_bf16_moe_fixed_seeds(name: str) -> None:
-    # With fresh seeds, about one run in ten fails on a near-tie in bf16 routing (see the xfail below).
-    # These seeds route away from ties today; they pin that the rest of the bf16 MoE path matches.
+    # Seeds whose scenarios meet no router near-tie today: every step is compared.
     for seed in (0, 4, 5):
         result = api.verify(load_model(name, dtype="bf16"), "cpu", seed=seed)
         assert result.ok, f"seed {seed}\n{describe(result)}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="polymorph/verify/numerics.py: bf16 MoE verify is a false alarm on ~10% of seeds (moe-tiny 13/150, "
-    "qwen3-moe-tiny 22/150): bf16 router logits differ by one ulp between engines and a near-tie "
-    "picks another expert, which no tolerance absorbs",
-)
-@pytest.mark.parametrize("name", MOE_MODELS)  # not strict: which seeds hit a near-tie moves with kernels
+@pytest.mark.parametrize("name", MOE_MODELS)
 def test_verify_bf16_moe_survives_routing_near_ties(name: str) -> None:
-    # Today seeds 1, 3 (moe-tiny) and 9 (qwen3-moe-tiny) fail; 16 seeds keep this failing as long as
-    # about one seed in ten does, whichever seeds a kernel change moves the near-ties to.
+    # bf16 router logits differ by an ulp between engines; a near-tied token then goes to another
+    # expert. verify ends such a scenario as inconclusive instead of failing a correct backend (seeds
+    # 1, 2, 3 of moe-tiny hit one today), and still compares every step before it.
     model = load_model(name, dtype="bf16")
+    inconclusive = 0
     for seed in range(16):
         result = api.verify(model, "cpu", seed=seed)
         assert result.ok, f"seed {seed}\n{describe(result)}"
+        inconclusive += any(step.note for step in result.steps)
+    assert inconclusive < 8, "most scenarios ended early: the near-tie rule is too loose"
 
 
 @pytest.mark.parametrize("name", MOE_MODELS)
