@@ -37,9 +37,9 @@ import numpy as np
 from polymorph.engine import protocol
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
-from polymorph.session import ReferenceExecutable, Session
-from polymorph.tolerance import Comparison, Tolerance, compare, model_tolerance
-from polymorph.verify.numerics import StepCheck
+from polymorph.session import ReferenceExecutable
+from polymorph.tolerance import Tolerance, model_tolerance
+from polymorph.verify.numerics import StepCheck, judge, reference_scenario
 
 
 class EngineError(UserError):
@@ -504,9 +504,12 @@ class Controller:
             else {}
         )
         graph = self._model.graph
-        tol = model_tolerance(DType.parse(graph.meta.get("dtype", "f32")))
-        result = GateResult(tol, list(under_test))
-        steps, expected = self._reference_steps(prompt_lens, decode_steps, seed)
+        dtype = DType.parse(graph.meta.get("dtype", "f32"))
+        tol = model_tolerance(dtype)
+        scenario = reference_scenario(
+            self._reference, graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
+        )
+        steps = [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
         blame = {g: p for g, (p, _) in under_test.items()}
         try:
             r = self._call(
@@ -517,22 +520,18 @@ class Controller:
                 group=group,
             )
         except _WorkerLost as lost:
+            result = GateResult(tol, list(under_test))
             result.faults = self._lost(lost, blame)
             return result
-        got = r.get("logits", [])
-        for (name, want), logits in zip(expected, got, strict=False):
-            result.steps.append(StepCheck(name, compare(np.asarray(logits), want, tol)))
+        got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
         if "failed_step" in r:
-            name, want = expected[r["failed_step"]]
-            reason = f"the candidate raised {r['cause']}"
-            result.steps.append(
-                StepCheck(
-                    name, Comparison(False, float("inf"), float("inf"), want.size, want.size, (), reason)
-                )
-            )
+            got = [*got[: r["failed_step"]], str(r["cause"])]
+        elif len(got) != len(scenario):
+            raise EngineError(f"the engine returned {len(got)} steps of logits for {len(scenario)}")
+        judged = judge(scenario, got, dtype, tol)
+        result = GateResult(tol, list(under_test), steps=judged.steps)
+        if "failed_step" in r:
             result.faults = [Fault(g, p, "run", r["cause"]) for g, p in blame.items()]
-        elif len(got) != len(expected):
-            raise EngineError(f"the engine returned {len(got)} steps of logits for {len(expected)}")
         if result.ok:
             for g in under_test:
                 self.accepted[g] = self.pending.pop(g)
@@ -545,36 +544,6 @@ class Controller:
         for g in under_test:
             self.restore(g)
         return result
-
-    def _reference_steps(
-        self, prompt_lens: tuple[int, ...], decode_steps: int, seed: int | None
-    ) -> tuple[list[dict[str, Any]], list[tuple[str, np.ndarray]]]:
-        """The steps of the verify scenario and the reference's logits for each (teacher forcing:
-        every next token is the reference's greedy pick, so the worker's inputs depend on nothing it
-        returns)."""
-        assert self._model is not None and self._reference is not None
-        graph = self._model.graph
-        rng = np.random.default_rng(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-        vocab = int(graph.params["model.embed_tokens.weight"].shape[0])
-        batch = len(prompt_lens)
-        session = Session(self._reference, graph, batch=batch, max_ctx=max(prompt_lens) + decode_steps)
-        steps: list[dict[str, Any]] = []
-        expected: list[tuple[str, np.ndarray]] = []
-        next_tokens = []
-        for seq, n in enumerate(prompt_lens):
-            prompt = rng.integers(0, vocab, size=(1, n), dtype=np.int32)
-            want = session.step([seq], prompt)
-            steps.append({"seqs": [seq], "tokens": prompt})
-            expected.append((f"prefill seq {seq} ({n} tokens)", want))
-            next_tokens.append(int(np.argmax(want[0, -1])))
-        seqs = list(range(batch))
-        for i in range(decode_steps):
-            tokens = np.array(next_tokens, dtype=np.int32)[:, None]
-            want = session.step(seqs, tokens)
-            steps.append({"seqs": seqs, "tokens": tokens})
-            expected.append((f"decode step {i} (batch {batch}, ragged)", want))
-            next_tokens = [int(t) for t in np.argmax(want[:, -1], axis=-1)]
-        return steps, expected
 
     def try_candidate(
         self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None
