@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from polymorph.backend import Capability, Probe
+from polymorph.backend import Probe
 from polymorph.backends import device_probe
-from polymorph.backends.gpu.backend import TritonBackend
+from polymorph.backends.gpu.backend import DeviceFacts, TritonBackend, triton_probe
 
 
 class CudaBackend(TritonBackend):
@@ -19,25 +19,13 @@ class CudaBackend(TritonBackend):
     targets: ClassVar[tuple[str, ...]] = ("h200", "h100", "b200", "gb300")
 
     def probe(self) -> Probe:
-        triton = device_probe.has_module("triton")
         gpu = device_probe.nvidia_device()
-        details = {
-            "triton": "installed" if triton else "missing (pip install 'polymorph[cuda]')",
-            "nvidia device": "present" if gpu else "absent",
-        }
-        compile_cap = (
-            Capability(True, "Triton AOT: PTX and cubin for sm_90/sm_100 without a GPU")
-            if triton
-            else Capability(False, "Triton is not installed: pip install 'polymorph[cuda]'")
-        )
-        if not gpu:
-            run = Capability(False, "no NVIDIA GPU on this machine")
-        elif not triton:
-            run = Capability(False, "Triton is not installed: pip install 'polymorph[cuda]'")
-        else:
-            run = Capability(True, "NVIDIA GPU through torch and Triton, CUDA graphs")
-        measure = Capability(run.ok, "CUDA events" if run.ok else run.reason)
-        return Probe(self.name, compile_cap, run, measure, details)
+        return triton_probe(self.name, DeviceFacts(
+            extra="cuda", compiles="PTX and cubin for sm_90/sm_100", device_present=gpu,
+            device_missing="no NVIDIA GPU on this machine",
+            runs_with="NVIDIA GPU through torch and Triton, CUDA graphs", timer="CUDA events",
+            details={"nvidia device": "present" if gpu else "absent"},
+        ))  # fmt: skip
 
 
 def device_facts(index: int = 0) -> dict[str, Any]:

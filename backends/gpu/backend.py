@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Backend, Feature, check_profile
+from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
+from polymorph.backends import device_probe
 from polymorph.errors import UserError
 from polymorph.hw import Profile
 from polymorph.ir.graph import Graph
@@ -31,6 +33,40 @@ GPU_PATTERNS = (
 )
 # Kernel files that call a library instead of launching a Triton kernel of ours (the report says so).
 LIBRARY_CALLS = {"layout": "torch"}
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What a Triton backend's probe needs to know about its vendor, in words for the user."""
+
+    extra: str  # the pip extra that brings Triton for this vendor
+    compiles: str  # what AOT compilation produces
+    device_present: bool
+    device_missing: str  # why no device was found
+    runs_with: str  # what runs a plan there
+    timer: str  # what times it
+    details: Mapping[str, str]
+
+
+def triton_probe(name: str, facts: DeviceFacts) -> Probe:
+    """The probe every Triton backend gives: compile needs Triton only; run and measure need the device."""
+    triton = device_probe.has_module("triton")
+    install = f"Triton is not installed: pip install 'polymorph[{facts.extra}]'"
+    details = {"triton": "installed" if triton else f"missing (pip install 'polymorph[{facts.extra}]')",
+               **facts.details}  # fmt: skip
+    compile_cap = (
+        Capability(True, f"Triton AOT: {facts.compiles} without a GPU")
+        if triton
+        else Capability(False, install)
+    )
+    if not facts.device_present:
+        run = Capability(False, facts.device_missing)
+    elif not triton:
+        run = Capability(False, install)
+    else:
+        run = Capability(True, facts.runs_with)
+    measure = Capability(run.ok, facts.timer if run.ok else run.reason)
+    return Probe(name, compile_cap, run, measure, details)
 
 
 class TritonBackend(Backend):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from polymorph.backend import Capability, Probe
+from polymorph.backend import Probe
 from polymorph.backends import device_probe
-from polymorph.backends.gpu.backend import TritonBackend
+from polymorph.backends.gpu.backend import DeviceFacts, TritonBackend, triton_probe
 
 
 class RocmBackend(TritonBackend):
@@ -22,23 +22,12 @@ class RocmBackend(TritonBackend):
     targets: ClassVar[tuple[str, ...]] = ("mi355x", "mi300x")
 
     def probe(self) -> Probe:
-        triton = device_probe.has_module("triton")
         gpu = device_probe.amd_device()
-        details = {
-            "triton": "installed" if triton else "missing (pip install 'polymorph[rocm]')",
-            "hip-python": "installed" if device_probe.has_module("hip") else "missing",
-            "amd device": "present (/dev/kfd)" if gpu else "absent",
-        }
-        compile_cap = (
-            Capability(True, "Triton AOT: AMDGCN and HSACO for gfx942/gfx950 without a GPU")
-            if triton
-            else Capability(False, "Triton is not installed: pip install 'polymorph[rocm]'")
-        )
-        if not gpu:
-            run = Capability(False, "no AMD GPU on this machine (/dev/kfd absent)")
-        elif not triton:
-            run = Capability(False, "Triton is not installed: pip install 'polymorph[rocm]'")
-        else:
-            run = Capability(True, "AMD GPU through PyTorch-ROCm and Triton, HIP graphs")
-        measure = Capability(run.ok, "HIP events through torch.cuda.Event" if run.ok else run.reason)
-        return Probe(self.name, compile_cap, run, measure, details)
+        return triton_probe(self.name, DeviceFacts(
+            extra="rocm", compiles="AMDGCN and HSACO for gfx942/gfx950", device_present=gpu,
+            device_missing="no AMD GPU on this machine (/dev/kfd absent)",
+            runs_with="AMD GPU through PyTorch-ROCm and Triton, HIP graphs",
+            timer="HIP events through torch.cuda.Event",
+            details={"hip-python": "installed" if device_probe.has_module("hip") else "missing",
+                     "amd device": "present (/dev/kfd)" if gpu else "absent"},
+        ))  # fmt: skip
