@@ -71,6 +71,7 @@ class GpuExecutable(Executable):
         self._launches: dict[tuple, tuple[dict[str, Any], list[tuple[PlanGroup, Launch]]]] = {}
         self._captured: dict[tuple, _Captured] = {}
         self._overrides: dict[str, Launch] = {}
+        self._bindings: dict[tuple, dict[str, int]] = {}
         key = _key(plan.bindings)
         if plan.bindings:
             self._launches[key] = (self._types(plan.bindings), self._build(plan))
@@ -115,6 +116,7 @@ class GpuExecutable(Executable):
         }
         self.allocated = True
         self._captured.clear()  # captured graphs point at the old cache
+        self._bindings.clear()  # cache_blocks may have changed
 
     def read_state(self, name: str) -> np.ndarray:
         return to_numpy(self.state[name])
@@ -125,8 +127,18 @@ class GpuExecutable(Executable):
     # --- running ---------------------------------------------------------------------------------------
 
     def bindings_of(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        env = {**self.params, **self.state, **inputs}
-        return bind_leaf_shapes(self.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()})
+        """The symbol bindings of a step on `inputs`. Weights and cache shapes are fixed once the state
+        is allocated, so the binding is memoized on the inputs' dtypes and shapes: solving it over
+        every leaf costs ~0.2 ms of host time, which a replayed decode step cannot hide."""
+        key = tuple((k, v.dtype, tuple(v.shape)) for k, v in sorted(inputs.items()))
+        found = self._bindings.get(key)
+        if found is None:
+            env = {**self.params, **self.state, **inputs}
+            found = bind_leaf_shapes(
+                self.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()}
+            )
+            self._bindings[key] = found
+        return dict(found)
 
     def _forward(
         self, inputs: Mapping[str, torch.Tensor], bindings: Mapping[str, int]
@@ -135,6 +147,10 @@ class GpuExecutable(Executable):
         types = self._launches[_key(bindings)][0]
         env: dict[str, torch.Tensor] = {**self.params, **self.state, **inputs}
         for group, launch in launches:
+            view = self._view(group, env, types)
+            if view is not None:
+                env[group.outputs[0]] = view
+                continue
             launch = self._overrides.get(group.id, launch)
             outs = []
             for value in group.outputs:
@@ -149,6 +165,28 @@ class GpuExecutable(Executable):
             launch([env[v] for v in group.inputs], outs, None)
             env.update(zip(group.outputs, outs, strict=True))
         return {name: env[v] for name, v in self.graph.outputs.items()}
+
+    def _view(
+        self, group: PlanGroup, env: Mapping[str, torch.Tensor], types: Mapping[str, Any]
+    ) -> torch.Tensor | None:
+        """A reshape, or a slice whose result is contiguous, as a view of its input: no launch, no copy
+        (at decode the head merge and the last-token slice are both). None where a copy is needed or the
+        group is swapped for a candidate."""
+        if (
+            group.pattern not in ("reshape", "slice")
+            or group.id in self._overrides
+            or group.outputs[0] in self.alias
+        ):
+            return None
+        x = env[group.inputs[0]]
+        node = self.graph.node(group.nodes[0])
+        if group.pattern == "reshape":
+            return x.view(concrete(types[group.outputs[0]].shape)) if x.is_contiguous() else None
+        axis = node.attrs["axis"] % x.dim()
+        index = [slice(None)] * x.dim()
+        index[axis] = slice(node.attrs["start"], node.attrs["end"])
+        y = x[tuple(index)]
+        return y if y.is_contiguous() else None
 
     def run_device(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One step on device tensors, no host copies: replays a captured graph for decode steps."""
@@ -183,40 +221,82 @@ class GpuExecutable(Executable):
             self.state[k].copy_(v)
         return _Captured(graph, static, outputs)
 
-    def time_groups(
-        self, inputs: Mapping[str, torch.Tensor], iters: int = 50
-    ) -> list[tuple[PlanGroup, float]]:
-        """Median seconds of each group's launch alone, on the inputs one step of `inputs` gives it
-        (device events; state is restored afterwards). For per-kernel bandwidth and the cost model."""
+    def _operands(self, inputs: Mapping[str, torch.Tensor]):
+        """Yield (group, launch, ins, outs) of one step on `inputs`, each group run before the next is
+        yielded so every group sees the values a step gives it. The caller restores the KV cache."""
         bindings = self.bindings_of(inputs)
-        saved = {k: v.clone() for k, v in self.state.items()}
         types = self._types(bindings)
         env: dict[str, torch.Tensor] = {**self.params, **self.state, **inputs}
-        out = []
-        for group, launch in self.launches_for(bindings):
-            ins = [env[v] for v in group.inputs]
+        for g, launch in self.launches_for(bindings):
+            view = self._view(g, env, types)
+            if view is not None:  # no launch in a step: nothing to time
+                env[g.outputs[0]] = view
+                continue
+            launch = self._overrides.get(g.id, launch)
+            ins = [env[v] for v in g.inputs]
             outs = [
                 self.state[self.alias[v]]
                 if v in self.alias
                 else torch.empty(
                     concrete(types[v].shape), dtype=TORCH_DTYPE[types[v].dtype], device=self.device
                 )
-                for v in group.outputs
+                for v in g.outputs
             ]
-            launch(ins, outs, None)
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                launch(ins, outs, None)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3)
-            env.update(zip(group.outputs, outs, strict=True))
-            out.append((group, sorted(times)[len(times) // 2]))
-        for k, v in saved.items():
-            self.state[k].copy_(v)
+            launch(ins, outs, None)  # this group's outputs feed the next group's inputs
+            env.update(zip(g.outputs, outs, strict=True))
+            yield g, launch, ins, outs
+
+    def _l2_bytes(self) -> int:
+        return int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 64 << 20))
+
+    def time_groups(
+        self, inputs: Mapping[str, torch.Tensor], group: str | None = None, reps: int = 48
+    ) -> list[tuple[PlanGroup, float, float]]:
+        """(group, median seconds, spread) of each group's launch (or only `group`) on the inputs one
+        step of `inputs` gives it: graph replay with operands cold in L2 (backends/gpu/timing.py); the
+        KV cache is restored afterwards. For per-kernel bandwidth, the cost model and the engine."""
+        from polymorph.backends.gpu.timing import time_launch
+
+        saved = {k: v.clone() for k, v in self.state.items()}
+        out = []
+        try:
+            for g, launch, ins, outs in self._operands(inputs):
+                if group is None or g.id == group:
+                    med, spread = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
+                    out.append((g, med, spread))
+        finally:
+            for k, v in saved.items():
+                self.state[k].copy_(v)
+        return out
+
+    def time_configs(
+        self, inputs: Mapping[str, torch.Tensor], group: str, reps: int = 48
+    ) -> list[tuple[dict[str, Any], float, float]]:
+        """(config, median seconds, spread) of `group`'s kernel under every config its file declares
+        for this target, on the operands a step of `inputs` gives it (the autotuner's measurement)."""
+        from polymorph.backends.gpu.timing import time_launch
+
+        bindings = self.bindings_of(inputs)
+        concrete_graph = specialize(self.graph, bindings)
+        types = concrete_graph.types()
+        saved = {k: v.clone() for k, v in self.state.items()}
+        out = []
+        try:
+            for g, _launch, ins, outs in self._operands(inputs):
+                if g.id != group:
+                    continue
+                kernel = load_choice(g.kernel.file, g.kernel.sha256, self.artifact_dir)
+                spec = kernel_spec(concrete_graph, g, types, self.target)
+                for config in kernel.configs_for(self.target):
+                    launch = kernel.build(spec, config, self.target)
+                    med, spread = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
+                    out.append((config, med, spread))
+                break
+        finally:
+            for k, v in saved.items():
+                self.state[k].copy_(v)
+        if not out:
+            raise UserError(f"no node group `{group}` in this plan")
         return out
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
