@@ -255,6 +255,12 @@ def prefill_point(args, model, weights, length: int) -> list[dict]:
         rows.append(
             {"system": name, "prefill": length, "s": s, "tokens_per_s": length / s, "agree": check.ok}
         )
+    if args.kernels:
+        inputs = {"tokens": tokens.to(torch.int32), "block_table": ours.block_table,
+                  "positions": torch.arange(length, dtype=torch.int32, device="cuda")[None]}  # fmt: skip
+        ktab = [{"group": g.id, "kernel": g.kernel.file, "s": sec, "spread": sp, "config": g.kernel.config}
+                for g, sec, sp in ours.exe.time_groups(inputs, reps=8)]  # fmt: skip
+        rows.append({"system": "prefill-kernels", "prefill": length, "kernels": ktab})
     return rows
 
 
@@ -314,6 +320,13 @@ def print_table(results: dict) -> None:
                 )
                 for c in k.get("sweep", []):
                     print(f"      {c['s'] * 1e6:8.1f} us  {c['config']}")
+            continue
+        if r["system"] == "prefill-kernels":
+            total = sum(k["s"] for k in r["kernels"])
+            print(f"\nprefill {r['prefill']} kernels (graph replay; sum {total * 1e3:.2f} ms):")
+            for k in r["kernels"]:
+                if not k["group"].startswith("layers.") or k["group"].startswith("layers.0."):
+                    print(f"  {k['group'][:52]:<54}{k['s'] * 1e6:9.1f} us +-{k['spread']:.0%}  {k['kernel']}")
             continue
         if "prefill" in r:
             print(
