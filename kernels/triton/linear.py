@@ -255,6 +255,21 @@ def _gemv_block_k(k: int, block_m: int, block_n: int, config: dict[str, Any], wa
     )
 
 
+SKINNY_MAX_M = 64  # 2 < M <= 64 (decode at batch 3-64): narrow tl.dot tiles, so enough programs stream W
+
+
+def _skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
+    """The config a launch of M rows uses: for GEMV_MAX_M < M <= SKINNY_MAX_M the GEMM tile takes the
+    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps; 4 stages on cuda, 2 on rocm's
+    smaller LDS), since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked
+    32 x 32 x 128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
+    if not GEMV_MAX_M < m <= SKINNY_MAX_M:
+        return config
+    stages = 2 if target.family == "rocm" else 4
+    return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
+            "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
+
+
 def _plan(n: int, k: int, m: int, config: dict[str, Any], elem: int, warp: int) -> tuple[str, dict[str, Any]]:
     """The kernel and constexprs one launch of M rows uses: the single source for build and AOT."""
     hint = k % (16 // elem) == 0
@@ -311,8 +326,9 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            path, consts = _plan(n, k, m, config, elem, target.warp_size)
-            plans[m] = (path, consts, _options(config, path, target))
+            cfg = _skinny(config, m, target)
+            path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
+            plans[m] = (path, consts, _options(cfg, path, target))
         path, consts, opts = plans[m]
         if consts["HINT"]:
             _check_aligned(x, w)
@@ -348,9 +364,10 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         m *= int(d)
     dt = "*" + _FLOATS[str(x_t.dtype)]
     elem = _ELEM_BYTES[str(x_t.dtype)]
-    path, consts = _plan(n, k, m, config, elem, target.warp_size)
+    cfg = _skinny(config, m, target)
+    path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
     consts = {**consts, "HAS_BIAS": has_bias}
-    opts = _options(config, path, target)
+    opts = _options(cfg, path, target)
     ptrs = {"x_ptr": dt, "w_ptr": dt, "b_ptr": dt, "y_ptr": dt, "M": "i32"}
     if path == "gemm":
         sig = {**ptrs, **{c: "constexpr" for c in consts}}

@@ -82,6 +82,20 @@ _ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 GEMV_MAX_M = 2  # H200: at M=4 the tl.dot path (block_m 16) beat the GEMV 1.7x; at M=2 they tie
 GEMV_TILE_REGS = 64  # fp32 accumulator registers a thread may hold in the GEMV
 
+SKINNY_MAX_M = 64  # 2 < M <= 64 (decode at batch 3-64): narrow tl.dot tiles, so enough programs stream W
+
+
+def _skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
+    """The config a launch of M rows uses: for GEMV_MAX_M < M <= SKINNY_MAX_M the GEMM tile takes the
+    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps; 4 stages on cuda, 2 on rocm's
+    smaller LDS), since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked
+    32 x 32 x 128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
+    if not GEMV_MAX_M < m <= SKINNY_MAX_M:
+        return config
+    stages = 2 if target.family == "rocm" else 4
+    return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
+            "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
+
 
 # --- the projection core (the same in each projection kernel file: a file is hashed on its own) -----
 
@@ -373,8 +387,9 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            tiles = _tiles(d["K"], m, config, elem, target.warp_size)
-            plans[m] = (tiles, _options(config, tiles["USE_DOT"], target))
+            cfg = _skinny(config, m, target)
+            tiles = _tiles(d["K"], m, cfg, elem, target.warp_size)
+            plans[m] = (tiles, _options(cfg, tiles["USE_DOT"], target))
         tiles, opts = plans[m]
         wq, wk, wv = (inputs[i] for i in w_i)
         if tiles["HINT"]:
@@ -416,7 +431,8 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     p = _parts(spec)
     d = _dims(spec, p)
     dtype = str(spec.types[p["norm"].inputs[0]].dtype)
-    tiles = _tiles(d["K"], _rows(spec, p["norm"].inputs[0]), config, _ELEM_BYTES[dtype], target.warp_size)
+    cfg = _skinny(config, _rows(spec, p["norm"].inputs[0]), target)
+    tiles = _tiles(d["K"], _rows(spec, p["norm"].inputs[0]), cfg, _ELEM_BYTES[dtype], target.warp_size)
     consts = {**d, "HAS_BIAS": len(p["q"].inputs) == 3, **tiles}
     ptr = "*" + _FLOATS[dtype]
     sig = {
@@ -426,4 +442,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         **{c: "constexpr" for c in consts},
     }  # fmt: skip
     name = f"rmsnorm_qkv_rope_{'gemm' if tiles['USE_DOT'] else 'gemv'}"
-    return [CompileUnit(name, _rmsnorm_qkv_rope, sig, consts, _options(config, tiles["USE_DOT"], target))]
+    return [CompileUnit(name, _rmsnorm_qkv_rope, sig, consts, _options(cfg, tiles["USE_DOT"], target))]

@@ -29,11 +29,13 @@ CHILD = textwrap.dedent(
     from polymorph.verify import verify_executable
 
     model = load_model(sys.argv[1], dtype="bf16")
+    prompt_lens = tuple(int(n) for n in sys.argv[3].split(","))
     backend = registry.get("cuda")
-    plan = backend.lower(model.graph, load_profile("h200"), bucket_bindings(model.graph, batch=2, ctx=16))
+    bindings = bucket_bindings(model.graph, batch=len(prompt_lens), ctx=max(prompt_lens) + 8)
+    plan = backend.lower(model.graph, load_profile("h200"), bindings)
     exe = GpuExecutable(backend, plan, model.weights(), device="cpu", poison=True)
     result = verify_executable(exe, ReferenceExecutable(model.graph, model.weights()), model.graph,
-                               prompt_lens=(6, 3), decode_steps=2, seed=int(sys.argv[2]))
+                               prompt_lens=prompt_lens, decode_steps=2, seed=int(sys.argv[2]))
     for step in result.steps:
         print(step.step, step.comparison)
     sys.exit(0 if result.ok else 1)
@@ -41,10 +43,15 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "moe-tiny"])
-def test_model_matches_the_reference_under_the_interpreter(name: str) -> None:
+# (6, 3): GEMV decode (M = 2) and tl.dot prefill; (5, 3, 7, 2): decode at M = 4, the skinny tl.dot
+# tiles; (40, 33): an 80-row prefill, past FUSED_NORM_MAX_ROWS, so the norm runs as its own kernel.
+@pytest.mark.parametrize(
+    ("name", "prompt_lens"),
+    [("llama-tiny", "6,3"), ("moe-tiny", "6,3"), ("llama-tiny", "5,3,7,2"), ("llama-tiny", "40,33")],
+)
+def test_model_matches_the_reference_under_the_interpreter(name: str, prompt_lens: str) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, name, str(seed)], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 0, f"{name} seed {seed}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run([sys.executable, "-c", CHILD, name, str(seed), prompt_lens], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, f"{name} {prompt_lens} seed {seed}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
