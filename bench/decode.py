@@ -3,6 +3,7 @@ torch.compile (a gpt-fast-style peer) on the same random bf16 weights, with the 
 
     python bench/decode.py --model llama-3.2-1b --batch 1 --ctx 1024 8192 --peers eager reduce-overhead \
         max-autotune --kernels --prefill 2048 --out results.json
+    python bench/decode.py --model mixtral-8x7b --layers 4 --batch 1 32 --ctx 1024 --out moe.json
 
 Every point runs all its systems in this one process. Decode is timed by replaying each system's
 CUDA graph (polymorph's captured step; torch.compile's "reduce-overhead" graphs; eager launches as
@@ -15,6 +16,7 @@ content, same tokens) within the bf16 model tolerance before any timing counts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -33,7 +35,7 @@ from polymorph.backends.gpu.runtime import GpuExecutable
 from polymorph.hw import load_profile
 from polymorph.ir.dtypes import DType
 from polymorph.ir.shapes import numel
-from polymorph.models import load_model
+from polymorph.models import Model, load_model
 from polymorph.passes import specialize
 from polymorph.predict import group_cost
 from polymorph.tolerance import compare, model_tolerance
@@ -119,12 +121,27 @@ class PolymorphRunner:
         return self.exe.run_device(inputs)["logits"]
 
 
+def step_weight_bytes(model, batch: int) -> float:
+    """Weight bytes one decode step must read: every dense weight, and of an MoE layer's experts the
+    expected number of distinct experts that `batch` tokens choose under uniform routing,
+    E * (1 - (1 - k/E)^batch) (random weights route about uniformly)."""
+    cfg = model.config
+    total = 0.0
+    for name, t in model.graph.params.items():
+        nbytes = numel(t.shape) * t.dtype.itemsize
+        if ".experts." in name and cfg.num_experts:
+            e, k = cfg.num_experts, cfg.num_experts_per_tok
+            nbytes *= 1 - (1 - k / e) ** batch
+        total += nbytes
+    return total
+
+
 def decode_point(args, model, weights, batch: int, ctx: int, copy_bw: float) -> list[dict]:
     cfg = model.config
     vocab = cfg.vocab_size
     pos = ctx - 1  # the step that reads a context of `ctx` tokens
     rows = []
-    weight_bytes = sum(numel(t.shape) * t.dtype.itemsize for t in model.graph.params.values())
+    weight_bytes = step_weight_bytes(model, batch)
     kv_bytes = 2 * cfg.num_hidden_layers * batch * ctx * cfg.num_key_value_heads * cfg.head_dim * 2
     floor_s = (weight_bytes + kv_bytes) / copy_bw
 
@@ -267,6 +284,7 @@ def prefill_point(args, model, weights, length: int) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="llama-3.2-1b")
+    p.add_argument("--layers", type=int, default=0, help="keep only the first N layers (0: all)")
     p.add_argument("--batch", type=int, nargs="+", default=[1])
     p.add_argument("--ctx", type=int, nargs="+", default=[1024])
     p.add_argument("--peers", nargs="*", default=["eager", "reduce-overhead", "max-autotune"])
@@ -289,6 +307,10 @@ def main() -> int:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s (read + write)", flush=True)
     model = load_model(args.model, dtype="bf16")
+    if args.layers:  # the same model with fewer layers (a Mixtral scaled to fit one GPU with its f32 check)
+        cfg = dataclasses.replace(model.config, num_hidden_layers=args.layers)
+        model = Model(name=f"{args.model}-{args.layers}l", graph=model.rebuild(num_layers=args.layers),
+                      source=args.model, config=cfg)  # fmt: skip
     weights = random_weights(model.graph, seed=0)
     results = {"copy_bandwidth": copy_bw, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "points": []}  # fmt: skip
