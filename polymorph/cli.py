@@ -428,6 +428,25 @@ def cmd_engine_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from polymorph.knobs import knobs
+    from polymorph.search.tune import TuneOptions, parse_budget, tune
+    from polymorph.search.tune_view import ProgressView, print_report
+
+    opts = TuneOptions(
+        model=args.model, backend=args.backend or knobs.backend, target=args.target, traffic=args.traffic,
+        batch=args.batch, ctx=args.ctx, budget_s=parse_budget(args.budget), workers=args.workers,
+        out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
+    )  # fmt: skip
+    view = ProgressView()
+    try:
+        report = tune(opts, view)
+    finally:
+        view.close()
+    print_report(report)
+    return 0
+
+
 def cmd_knobs(args: argparse.Namespace) -> int:
     from polymorph.knobs import knobs
 
@@ -532,6 +551,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--group", help="fast tier: time only this group")
     engine_command("status", cmd_engine_status, "what the engine holds")
     engine_command("stop", cmd_engine_stop, "stop the engine")
+    c = command("tune", cmd_tune, "tune a model: agents propose, engines gate and measure, winners are kept")
+    c.add_argument("model", help="zoo name, Hugging Face model directory, or IR .json file")
+    c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
+    c.add_argument("--target", help="chip profile id (default: the backend's first)")
+    c.add_argument("--traffic", help="traffic shape TOML: its buckets are tuned, heaviest first")
+    c.add_argument("--batch", type=int)
+    c.add_argument("--ctx", type=int)
+    c.add_argument(
+        "--budget", default="6m", help="wall-clock budget, engine start and final A/B included: 90s, 6m, 2h"
+    )
+    c.add_argument("--workers", type=int, default=1, help="engines: one per device (processes on cpu)")
+    c.add_argument("--out", default="polymorph-tuned", help="where the tuned plan and the report go")
+    c.add_argument("--board", type=Path, help="message board SQLite file (default: OUT/board.sqlite)")
+    c.add_argument("--registry", type=Path, help="champion registry (default: POLYMORPH_REGISTRY)")
+    c.add_argument("--seed", type=int, default=0, help="the agents' seed")
+    from polymorph.search.commands import add_commands
+
+    add_commands(sub)
     command("knobs", cmd_knobs, "list the POLYMORPH_* environment variables")
     return p
 

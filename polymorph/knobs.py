@@ -261,6 +261,8 @@ class Knobs:
         "cache for compiled artifacts, downloaded configs and candidate kernels",
     )
     backend = StrKnob("POLYMORPH_BACKEND", "cpu", "backend used when a command is given no --backend")
+    board = PathKnob("POLYMORPH_BOARD", "polymorph-board.sqlite", "message board SQLite file of the search loop")
+    registry = PathKnob("POLYMORPH_REGISTRY", "polymorph-registry.sqlite", "champion registry SQLite file")
     engine = StrKnob(
         "POLYMORPH_ENGINE",
         None,

@@ -34,6 +34,8 @@ def test_every_requested_variable_is_a_knob() -> None:
         "POLYMORPH_CALIBRATION_DIR",
         "POLYMORPH_CACHE_DIR",
         "POLYMORPH_BACKEND",
+        "POLYMORPH_BOARD",
+        "POLYMORPH_REGISTRY",
         "POLYMORPH_ENGINE",
         "POLYMORPH_SEED",
         "POLYMORPH_KV_BLOCK_SIZE",

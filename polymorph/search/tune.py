@@ -1,0 +1,535 @@
+"""`polymorph tune`: agents propose, engines gate and measure, winners go to the registry, and the run
+ends with the tuned plan and an end-to-end A/B against the untuned plan in the same run.
+
+A run tunes the buckets of a traffic shape (or the one --batch/--ctx bucket), heaviest first, each
+with a share of the budget by weight. Per bucket: the plan `compile` makes is cut into search spaces,
+one per op signature (identical layers share one); the stock kernel of each is measured first as the
+baseline, the registry's champion for the same key (signature, bucket, profile, toolchain) is posted
+next (warm start, re-verified here), then the built-in agents' proposals, largest predicted share
+first. A bucket whose every signature already has a champion is not tuned again, only re-verified.
+
+Processes: this one (trusted: agents, posting, the registry, the final A/B) and `workers` worker
+processes, each owning one persistent engine (polymorph.engine) loaded at the bucket. A worker claims
+a candidate, swaps it into the signature's representative group, runs every gate
+(Controller.try_candidate), times the group on the fast tier, posts the result and puts the stock
+kernel back. A worker that dies mid-candidate loses its lease; the board hands the candidate to
+another worker, and a replacement worker is started while budget remains.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from polymorph.errors import UserError
+from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
+from polymorph.search.board import Board
+from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
+from polymorph.search.space import buckets_of, group_spaces, library_path, predicted_times, toolchain
+
+WIN_MARGIN = 0.02  # a candidate must beat the stock kernel's median by 2% to replace it in the plan
+
+
+def parse_budget(text: str) -> float:
+    """'90s', '6m', '2h' (or plain seconds) -> seconds; UserError otherwise."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    t = str(text).strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UserError(f"--budget takes a duration such as 90s, 6m or 2h; got {text!r}")
+    return value
+
+
+@dataclass
+class TuneOptions:
+    model: str
+    backend: str = "cpu"
+    target: str | None = None
+    traffic: str | None = None
+    batch: int | None = None
+    ctx: int | None = None
+    budget_s: float = 60.0
+    workers: int = 1
+    out: Path = Path("polymorph-tuned")
+    board: Path | None = None  # default: OUT/board.sqlite
+    registry: Path | None = None  # default: OUT/registry.sqlite
+    seed: int = 0
+    trials: int = 10  # fast-tier trials per candidate
+    ab_trials: int = 10  # slow-tier trials per arm of the final A/B
+    engine_budget_s: float = 30.0  # the most one engine call may take before the worker is replaced
+    lease_s: float = 60.0  # a claim not renewed for this long is handed to another worker
+
+
+@dataclass
+class SignatureResult:
+    signature: str
+    groups: list[str]
+    share: float
+    stock_s: float | None = None
+    best: dict[str, Any] | None = (
+        None  # the fastest passing candidate: kernel, config, median_s, agent, reasoning
+    )
+    chosen: bool = False  # the tuned plan uses it (it beat stock by WIN_MARGIN and passed the final gate)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.stock_s is None or self.best is None:
+            return None
+        return self.stock_s / self.best["median_s"]
+
+
+@dataclass
+class BucketResult:
+    bucket: str
+    weight: float
+    signatures: list[SignatureResult] = field(default_factory=list)
+    candidates: int = 0
+    passed: int = 0
+    failed: dict[str, int] = field(default_factory=dict)  # cause kind -> count
+    ab: dict[str, Any] = field(default_factory=dict)  # stock_s, tuned_s, speedup, trials, gate
+    plan_dir: str = ""
+    skipped: str = ""  # why the bucket was not tuned (its champions were all in the registry)
+    workers_started: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        sigs = [{**s.__dict__, "speedup": s.speedup} for s in self.signatures]
+        return {**self.__dict__, "signatures": sigs}
+
+
+@dataclass
+class TuneReport:
+    model: str
+    backend: str
+    profile: str
+    toolchain: str
+    budget_s: float
+    elapsed_s: float = 0.0
+    buckets: list[BucketResult] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "buckets"},
+                "buckets": [b.to_json() for b in self.buckets]}  # fmt: skip
+
+
+# --- the worker process -----------------------------------------------------------------------------
+
+
+def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[str, Any]) -> None:
+    """One engine claiming candidates until the stop file beside the board exists."""
+    import sys
+    import traceback
+
+    from polymorph.engine.controller import Controller
+
+    log = Path(options["logs"]) / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout = sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115 (the process's own log, to its end)
+    board = Board(board_path)
+    stop = Path(options["stop"])
+    sources = Path(options["sources"])
+    engine = Controller.start(load["model"], load["backend"], load["profile"], batch=load["batch"],
+                              ctx=load["ctx"], budget_s=options["engine_budget_s"])  # fmt: skip
+    try:
+        while not stop.exists():
+            cand = board.claim(name, options["lease_s"], backend=load["backend"], target=load["profile"])
+            if cand is None:
+                time.sleep(0.05)
+                continue
+            beat = _Heartbeat(board_path, cand.id, name, options["lease_s"])
+            try:
+                ok, cause, measurements, gates = run_candidate(engine, cand, options["trials"], sources)
+            except Exception as e:  # the tuner's own failure on this candidate: recorded, the worker goes on
+                traceback.print_exc()
+                ok, cause, measurements, gates = False, f"error: {type(e).__name__}: {e}", {}, {}
+            finally:
+                beat.stop()
+            board.post_result(cand.id, name, ok, cause, measurements, gates)
+    finally:
+        engine.close()
+        board.close()
+
+
+class _Heartbeat:
+    """Renews a claim from a thread while the candidate runs (a gate can take longer than a lease)."""
+
+    def __init__(self, board_path: str, candidate: int, worker: str, lease_s: float) -> None:
+        self._done = threading.Event()
+        args = (board_path, candidate, worker, lease_s)
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self._thread.start()
+
+    def _run(self, board_path: str, candidate: int, worker: str, lease_s: float) -> None:
+        board = Board(board_path)
+        try:
+            while not self._done.wait(lease_s / 3):
+                if not board.heartbeat(candidate, worker):
+                    return
+        finally:
+            board.close()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+
+def run_candidate(engine: Any, cand: Any, trials: int, sources: Path) -> tuple[bool, str, dict, dict]:
+    """Swap, gate, time on the fast tier, put the stock kernel back: (ok, cause, measurements, gates)."""
+    sources.mkdir(parents=True, exist_ok=True)
+    path = sources / f"{cand.sha256}.py"
+    if not path.exists():
+        path.write_text(cand.source)
+    group = cand.group.rsplit("@", 1)[0]  # board_group: the node group, then the bucket
+    swap, gate = engine.try_candidate(group, path, dict(cand.config) or None)
+    gates = gate_summary(gate)
+    try:
+        if not swap.ok:
+            return False, f"{swap.fault.kind}: {swap.fault.cause}" if swap.fault else "swap failed", {}, gates
+        if gate is None or not gate.ok:
+            return False, gate_cause(gate), {}, gates
+        m = engine.measure("fast", trials, group)
+        if "fault" in m:
+            faults = m["fault"]
+            return False, f"hang: {faults[0]['cause']}" if faults else "hang: worker lost", {}, gates
+        timing = m["groups"][group]
+        return (
+            True,
+            "",
+            {"median_s": timing["median_s"], "spread_s": timing["spread_s"], "trials": trials},
+            gates,
+        )
+    finally:
+        if swap.ok and (gate is None or gate.ok):
+            engine.restore(group)
+
+
+def gate_summary(gate: Any) -> dict[str, Any]:
+    """Gate name -> what it said, from a controller GateResult."""
+    if gate is None:
+        return {}
+    gates = getattr(gate, "gates", None)
+    if gates:
+        return {g.name: {"ok": g.ok, "cause": g.cause} for g in gates}
+    return {"numerics": {"ok": gate.ok, "cause": "" if gate.ok else gate_cause(gate)}}
+
+
+def gate_cause(gate: Any) -> str:
+    if gate is None:
+        return "swap failed"
+    if gate.faults:
+        f = gate.faults[0]
+        return f"{f.kind}: {f.cause}"
+    for g in getattr(gate, "gates", None) or ():
+        if not g.ok:
+            return f"{g.name}: {g.cause}"
+    failure = gate.first_failure()
+    return f"numerics: {failure.step}: {failure.comparison}" if failure else "gate failed"
+
+
+# --- the controller side -----------------------------------------------------------------------------
+
+
+def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = None) -> TuneReport:
+    """Run the loop; write OUT/plan.json (the tuned plan of the heaviest bucket, usable by
+    `polymorph run OUT`), OUT/<bucket>/ for the others, and OUT/tune-report.json."""
+    from polymorph.backend import registry as backends
+    from polymorph.hw import load_profile
+
+    if opts.workers < 1:
+        raise UserError("--workers must be at least 1")
+    backend = backends.get(opts.backend)
+    profile = load_profile(opts.target or backend.targets[0]).id
+    buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
+    try:
+        opts.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write --out {opts.out}: {e.strerror}") from None
+    reg = Registry(opts.registry or opts.out / "registry.sqlite")
+    report = TuneReport(opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s)
+    started = time.monotonic()
+    try:
+        for i, bucket in enumerate(buckets):
+            left = opts.budget_s - (time.monotonic() - started)
+            share = left * bucket.weight / sum(b.weight for b in buckets[i:])
+            out_dir = opts.out if i == 0 else opts.out / bucket.id
+            report.buckets.append(
+                _tune_bucket(opts, backend, profile, bucket, reg, share, out_dir, report.toolchain, progress)
+            )
+    finally:
+        reg.close()
+    report.elapsed_s = time.monotonic() - started
+    (opts.out / "tune-report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
+    return report
+
+
+def board_group(group: str, bucket: str) -> str:
+    """The board's group field: the node group qualified by the bucket it is measured at, so the same
+    kernel for the same group at another bucket is another candidate (the board's dedup key)."""
+    return f"{group}@{bucket}"
+
+
+class _Run:
+    """The posting side of one bucket's run: what was posted, what came back."""
+
+    def __init__(self, board: Board, backend: str, profile: str, bucket: str) -> None:
+        self.board, self.backend, self.profile, self.bucket = board, backend, profile, bucket
+        self.posted: dict[int, Proposal] = {}
+        self.tried: dict[tuple, Outcome | None] = {}
+        self.seen: set[int] = set()
+
+    def pending(self) -> list[int]:
+        return [cid for cid in self.posted if cid not in self.seen]
+
+    def post(self, p: Proposal) -> int:
+        cid = self.board.post(group=board_group(p.group, self.bucket), backend=self.backend, target=self.profile,
+                              source=p.kernel.read_text(), config=dict(p.config), agent=p.agent,
+                              reasoning=p.reasoning)  # fmt: skip
+        self.posted.setdefault(cid, p)
+        self.tried.setdefault(p.key, None)
+        return cid
+
+    def collect(self) -> list[tuple[Proposal, Any]]:
+        news = []
+        # Not `after=`: a candidate retried after its worker died finishes after later ids have.
+        for r in self.board.results(after=min(self.pending(), default=1 << 62) - 1):
+            p = self.posted.get(r.candidate)
+            if p is None or r.candidate in self.seen:  # another run's candidate, or already counted
+                continue
+            self.seen.add(r.candidate)
+            median = r.measurements.get("median_s") if r.ok else None
+            self.tried[p.key] = Outcome(r.ok, median, r.cause)
+            news.append((p, r))
+        return news
+
+    @property
+    def inflight(self) -> int:
+        return sum(1 for p in self.posted.values() if self.tried.get(p.key) is None)
+
+
+def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg: Registry, budget_s: float,
+                 out_dir: Path, tc: str, progress: Callable | None) -> BucketResult:  # fmt: skip
+    from polymorph import api
+
+    t0 = time.monotonic()
+    artifact = api.compile(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
+    plan = artifact.plan
+    spaces = group_spaces(plan, backend.family, predicted_times(artifact.report))
+    bucket_key = shape_bucket(bucket)
+    result = BucketResult(bucket_key, bucket.weight)
+    by_sig = {s.signature: SignatureResult(s.signature, list(s.groups), s.share) for s in spaces.spaces}
+    result.signatures = list(by_sig.values())
+
+    board = Board(opts.board or opts.out / "board.sqlite")
+    run = _Run(board, opts.backend, profile, bucket_key)
+    stock_ids: dict[int, str] = {}
+    champions = {
+        s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) for s in spaces.spaces
+    }
+    for space in spaces.spaces:
+        stock = Proposal(space.signature, space.group, space.stock_kernel, space.stock_config, "baseline",
+                         "the stock kernel and config of the plan `compile` makes, measured the same way")  # fmt: skip
+        stock_ids[run.post(stock)] = space.signature
+        champ = champions[space.signature]
+        if champ is not None:
+            path = _source_file(opts.out, champ.source)
+            space.champion = (path, dict(champ.config))
+            run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
+                              f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
+                              f"when recorded), re-verified here; it came from {champ.agent}: {champ.reasoning}"))  # fmt: skip
+    covered = spaces.spaces and all(champions[s.signature] is not None for s in spaces.spaces)
+    if covered:
+        result.skipped = (
+            "every op signature has a champion in the registry for this bucket, profile and toolchain"
+        )
+
+    load = {"model": opts.model, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
+            "ctx": bucket.ctx}  # fmt: skip
+    stop = out_dir / f".stop-{bucket.id}"
+    stop.unlink(missing_ok=True)
+    options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
+               "trials": opts.trials,
+               "lease_s": opts.lease_s, "engine_budget_s": opts.engine_budget_s}  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[Any] = []
+
+    def start_worker() -> None:
+        name = f"worker-{bucket.id}-{result.workers_started}"
+        p = ctx.Process(
+            target=worker_main, args=(name, str(board.path), load, options), name=name, daemon=True
+        )
+        p.start()
+        procs.append(p)
+        result.workers_started += 1
+
+    for _ in range(opts.workers):
+        start_worker()
+    schedule = Schedule(spaces.spaces, builtin_agents(opts.seed))
+    ab_reserve = min(0.25 * budget_s, 120.0)
+    deadline = t0 + budget_s - ab_reserve
+    try:
+        while time.monotonic() < deadline:
+            for p, r in run.collect():
+                _record(result, by_sig, stock_ids, run, p, r)
+            alive = [p for p in procs if p.is_alive()]
+            for _ in range(opts.workers - len(alive)):  # a worker died: its claim will expire; replace it
+                start_worker()
+            if not covered and run.inflight < 2 * opts.workers:
+                for p in schedule.next_batch(run.tried, 2 * opts.workers - run.inflight):
+                    run.post(p)
+            if run.inflight == 0 and (covered or not schedule.next_batch(run.tried, 1)):
+                break
+            if progress is not None:
+                progress(_progress(result, run, procs, deadline))
+            time.sleep(0.1)
+    finally:
+        stop.touch()
+        for p in procs:
+            p.join(timeout=opts.engine_budget_s)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        stop.unlink(missing_ok=True)
+    for p, r in run.collect():
+        _record(result, by_sig, stock_ids, run, p, r)
+    board.close()
+    _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
+    result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
+    result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
+    return result
+
+
+def _source_file(out: Path, source: str) -> Path:
+    from polymorph.kernel_files import source_hash
+
+    folder = out / "sources"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{source_hash(source.encode())}.py"
+    if not path.exists():
+        path.write_text(source)
+    return path
+
+
+def _record(result: BucketResult, by_sig: dict, stock_ids: dict, run: _Run, p: Proposal, r: Any) -> None:
+    result.candidates += 1
+    sig = by_sig[p.signature]
+    if not r.ok:
+        kind = r.cause.split(":", 1)[0] or "failed"
+        result.failed[kind] = result.failed.get(kind, 0) + 1
+        return
+    result.passed += 1
+    median = float(r.measurements["median_s"])
+    if r.candidate in stock_ids:
+        sig.stock_s = median
+    if sig.best is None or median < sig.best["median_s"]:
+        sig.best = {"kernel": library_path(p.kernel), "path": str(p.kernel), "config": dict(p.config),
+                    "median_s": median, "spread_s": r.measurements.get("spread_s"), "agent": p.agent,
+                    "reasoning": p.reasoning, "gates": r.gates, "candidate": r.candidate,
+                    "trials": r.measurements.get("trials")}  # fmt: skip
+
+
+def _offer(reg: Registry, result: BucketResult, spaces: list[GroupSpace], run: _Run, bucket_key: str,
+           profile: str, tc: str, plan: Any) -> None:  # fmt: skip
+    from polymorph.ir.dtypes import DType
+    from polymorph.tolerance import model_tolerance
+
+    tol = model_tolerance(DType.parse(plan.graph.meta.get("dtype", "f32")))
+    for sig in result.signatures:
+        if sig.best is None:
+            continue
+        b = sig.best
+        gates = tuple(name for name, g in (b["gates"] or {}).items() if g.get("ok")) or ("numerics",)
+        reg.offer(Champion(key=ChampionKey(sig.signature, bucket_key, profile, tc),
+                           source=Path(b["path"]).read_text(), config=b["config"],
+                           measurement=Measurement(b["median_s"], b["spread_s"] or 0.0, int(b["trials"] or 1)),
+                           gates=gates, tolerance=tol, reasoning=b["reasoning"], agent=b["agent"],
+                           kernel=b["kernel"]))  # fmt: skip
+
+
+def _winners(spaces: list[GroupSpace], by_sig: dict) -> dict[str, tuple[GroupSpace, dict]]:
+    out = {}
+    for space in spaces:
+        sig = by_sig[space.signature]
+        if sig.best is None or sig.stock_s is None:
+            continue
+        stock = (str(space.stock_kernel.resolve()), json.dumps(dict(space.stock_config), sort_keys=True))
+        best = (str(Path(sig.best["path"]).resolve()), json.dumps(sig.best["config"], sort_keys=True))
+        if best != stock and sig.best["median_s"] < sig.stock_s * (1 - WIN_MARGIN):
+            out[space.signature] = (space, sig.best)
+    return out
+
+
+def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSpace], by_sig: dict,
+              run: _Run) -> dict[str, Any]:  # fmt: skip
+    """Untuned against tuned, whole decode steps (slow tier), in one fresh engine: stock, tuned, stock."""
+    from polymorph.engine.controller import Controller
+
+    winners = _winners(spaces, by_sig)
+    t0 = time.perf_counter()
+    engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx,
+                              budget_s=opts.engine_budget_s)  # fmt: skip
+    try:
+        start_s = time.perf_counter() - t0
+        stock_a = _slow(engine, opts.ab_trials)
+        swapped = []
+        for space, best in winners.values():
+            for group in space.groups:
+                s = engine.swap(group, best["path"], best["config"])
+                if s.ok:
+                    swapped.append(group)
+        gate = engine.verify() if swapped else None
+        if gate is not None and not gate.ok:
+            engine.reset()
+            winners = {}
+        tuned = _slow(engine, opts.ab_trials)
+        engine.reset()
+        stock_b = _slow(engine, opts.ab_trials)
+    finally:
+        engine.close()
+    for sig in winners:
+        by_sig[sig].chosen = True
+    stock_s = statistics.median([stock_a["median_s"], stock_b["median_s"]])
+    return {"engine_start_s": start_s, "stock_s": [stock_a["median_s"], stock_b["median_s"]],
+            "tuned_s": tuned["median_s"], "speedup": stock_s / tuned["median_s"], "trials": opts.ab_trials,
+            "swapped_groups": len(swapped), "gate": "passed" if gate is None or gate.ok else gate_cause(gate)}  # fmt: skip
+
+
+def _slow(engine: Any, trials: int) -> dict[str, Any]:
+    m = engine.measure("slow", trials)
+    if "fault" in m:
+        raise UserError(f"the final A/B lost its engine while timing whole steps: {m['fault']}")
+    return m
+
+
+def _write_plan(backend: Any, plan: Any, spaces: list[GroupSpace], by_sig: dict, out_dir: Path) -> Path:
+    """The tuned plan: each chosen champion in every group of its signature; compiled into out_dir."""
+    from polymorph.kernel_files import load_kernel
+    from polymorph.plan import KernelChoice
+
+    choice: dict[str, KernelChoice] = {}
+    for space in spaces:
+        sig = by_sig[space.signature]
+        if not sig.chosen:
+            continue
+        kernel = load_kernel(sig.best["path"])
+        for g in space.groups:
+            choice[g] = KernelChoice(library_path(kernel.path), kernel.sha256, dict(sig.best["config"]))
+    tuned = replace(plan, groups=[replace(g, kernel=choice.get(g.id, g.kernel)) for g in plan.groups])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    backend.compile(tuned, out_dir)
+    return out_dir
+
+
+def _progress(result: BucketResult, run: _Run, procs: list, deadline: float) -> dict[str, Any]:
+    return {"bucket": result.bucket, "posted": len(run.posted), "done": result.candidates, "passed": result.passed,
+            "failed": dict(result.failed), "workers": [p.pid for p in procs if p.is_alive()],
+            "left_s": max(0.0, deadline - time.monotonic()),
+            "best": {s.signature: s.speedup for s in result.signatures if s.speedup}}  # fmt: skip

@@ -1,0 +1,352 @@
+"""The message board: real SQLite files, real processes (forked workers, one killed with SIGKILL)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from polymorph.errors import UserError
+from polymorph.kernel_files import source_hash
+from polymorph.search.board import WORKER_LOST, Board
+
+KERNEL = "IMPLEMENTS = 'rmsnorm'\nCONFIGS = [{'block': 128}]\n"
+FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Board:
+    return Board(tmp_path / "board.sqlite")
+
+
+def post(board: Board, n: int = 0, **kw) -> int:
+    args = dict(
+        group=f"layers.{n}.attn.norm", backend="cpu", target="cpu", source=KERNEL, config={"block": 128}
+    )
+    args.update(kw)
+    return board.post(**args)
+
+
+def assert_one_line(e: pytest.ExceptionInfo[UserError], *needles: str) -> None:
+    text = str(e.value)
+    assert "\n" not in text and text.strip() == text and text
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in {text!r}"
+
+
+# --- one process -------------------------------------------------------------------------------------
+
+
+def test_post_claim_result_round_trip(board: Board) -> None:
+    cid = post(board, agent="rmsnorm-agent", reasoning="wider rows per program")
+    c = board.show(cid)
+    assert (c.state, c.kind, c.source, c.config) == ("open", "kernel", KERNEL, {"block": 128})
+    assert c.sha256 == source_hash(KERNEL.encode())
+    assert (c.agent, c.reasoning, c.attempts, c.result) == (
+        "rmsnorm-agent",
+        "wider rows per program",
+        0,
+        None,
+    )
+
+    claimed = board.claim("w1", lease_s=30)
+    assert claimed is not None and claimed.id == cid
+    assert (claimed.state, claimed.worker, claimed.attempts) == ("claimed", "w1", 1)
+    assert claimed.lease_until is not None and claimed.lease_until > time.time() + 20
+    assert board.claim("w2", lease_s=30) is None  # held, not expired
+
+    assert board.post_result(cid, "w1", True, "", {"median_s": 2e-5, "spread_s": 1e-7}, {"numerics": "ok"})
+    done = board.show(cid)
+    assert done.state == "done" and done.result is not None
+    assert (done.result.ok, done.result.worker, done.result.measurements["median_s"]) == (True, "w1", 2e-5)
+    assert done.result.gates == {"numerics": "ok"}
+    assert board.wait(cid, timeout=0) == done.result
+    assert board.claim("w2", lease_s=30) is None
+
+
+def test_duplicates_are_posted_once_and_measured_once(board: Board) -> None:
+    first = post(board, config={"block": 128, "warps": 4})
+    # Same bytes (given as bytes), the same config with its keys in another order: the same candidate.
+    again = post(board, source=KERNEL.encode(), config={"warps": 4, "block": 128}, agent="other")
+    assert again == first
+    assert post(board, config={"block": 256, "warps": 4}) != first  # another config
+    assert post(board, n=1, config={"block": 128, "warps": 4}) != first  # another group
+    assert post(board, target="h200", backend="cuda", config={"block": 128, "warps": 4}) != first
+    assert post(board, source=KERNEL + "# v2\n", config={"block": 128, "warps": 4}) != first
+    cfg = board.post(group="layers.0.attn.norm", backend="cpu", target="cpu", config={"block": 64})
+    assert board.post(group="layers.0.attn.norm", backend="cpu", target="cpu", config={"block": 64}) == cfg
+    assert board.show(cfg).kind == "config" and board.show(cfg).sha256 is None
+    assert [c.id for c in board.candidates()] == [first, first + 1, first + 2, first + 3, first + 4, cfg]
+
+    claimed = []
+    while (c := board.claim("w", lease_s=30)) is not None:
+        claimed.append(c.id)
+        board.post_result(c.id, "w", True, "", {"median_s": 1e-3}, {})
+    assert sorted(claimed) == [c.id for c in board.candidates()]  # each exactly once
+    assert post(board, config={"block": 128, "warps": 4}) == first  # posted after it was measured
+    assert board.claim("w", lease_s=30) is None
+    assert len(board.results()) == 6
+
+
+def test_claim_filters_by_backend_and_target(board: Board) -> None:
+    cpu = post(board)
+    gpu = post(board, backend="cuda", target="h200")
+    c = board.claim("h200-worker", 30, backend="cuda", target="h200")
+    assert c is not None and c.id == gpu
+    assert board.claim("h200-worker", 30, backend="cuda", target="h200") is None
+    c = board.claim("cpu-worker", 30, target="cpu")
+    assert c is not None and c.id == cpu
+
+
+def test_heartbeat_keeps_the_lease_and_a_lost_lease_is_reported(board: Board) -> None:
+    cid = post(board)
+    board.claim("w1", lease_s=1.0)
+    for _ in range(4):  # 1.2 s in all, longer than the lease
+        time.sleep(0.3)
+        assert board.heartbeat(cid, "w1")
+        assert board.claim("w2", lease_s=1.0) is None
+    assert not board.heartbeat(cid, "w2")  # not its claim
+    time.sleep(1.05)  # w1 stops beating: its lease runs out and w2 takes the candidate
+    c = board.claim("w2", lease_s=30)
+    assert c is not None and (c.id, c.worker, c.attempts) == (cid, "w2", 2)
+    assert not board.heartbeat(cid, "w1")
+    assert not board.post_result(cid, "w1", True, "", {"median_s": 1.0}, {})  # w1's late result is refused
+    assert board.post_result(cid, "w2", False, "numerics: max abs err 0.5", {}, {"numerics": "failed"})
+    r = board.show(cid).result
+    assert r is not None and (r.worker, r.ok, r.cause, r.attempts) == (
+        "w2",
+        False,
+        "numerics: max abs err 0.5",
+        2,
+    )
+    assert not board.heartbeat(cid, "w2")  # done
+
+
+def test_claims_that_run_out_max_attempts_times_fail_as_worker_lost(tmp_path: Path) -> None:
+    board = Board(tmp_path / "board.sqlite", max_attempts=2)
+    cid = post(board)
+    waiting = post(board, n=1)
+    assert board.claim("w1", lease_s=0.1).id == cid
+    time.sleep(0.15)
+    assert board.claim("w2", lease_s=0.1).id == cid  # second and last attempt
+    time.sleep(0.15)
+    # w3 finds the first candidate out of attempts (recorded as failed) and gets the next one.
+    c = board.claim("w3", lease_s=30)
+    assert c is not None and c.id == waiting
+    r = board.wait(cid, timeout=0)
+    assert r is not None and not r.ok and r.cause.startswith(WORKER_LOST) and r.attempts == 2
+    assert board.results(ok=False) == [r]
+
+
+def test_wait_records_a_lost_worker_without_another_claim(tmp_path: Path) -> None:
+    board = Board(tmp_path / "board.sqlite", max_attempts=1)
+    cid = post(board)
+    board.claim("w1", lease_s=0.5)
+    assert board.wait(cid, timeout=0.02) is None  # still within the lease
+    r = board.wait(cid, timeout=5)
+    assert r is not None and r.cause.startswith(WORKER_LOST) and r.worker == "w1"
+
+
+def test_results_filter_by_group_verdict_and_id(board: Board) -> None:
+    ids = [post(board, n=i) for i in range(4)]
+    for i in ids:
+        board.claim("w", 30)
+        ok = i % 2 == 0
+        board.post_result(i, "w", ok, "" if ok else "kv isolation", {"median_s": i * 1e-3} if ok else {}, {})
+    assert [r.candidate for r in board.results()] == ids
+    assert [r.candidate for r in board.results(ok=True)] == [i for i in ids if i % 2 == 0]
+    assert [r.candidate for r in board.results(ok=False)] == [i for i in ids if i % 2 == 1]
+    assert [r.candidate for r in board.results(group="layers.2.attn.norm")] == [ids[2]]
+    assert [r.candidate for r in board.results(after=ids[1])] == ids[2:]
+
+
+def test_the_file_is_wal_and_outlives_the_board_object(tmp_path: Path) -> None:
+    path = tmp_path / "board.sqlite"
+    board = Board(path)
+    cid = post(board)
+    board.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert Board(path).show(cid).source == KERNEL
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+
+def test_unknown_candidate_id_is_one_line(board: Board) -> None:
+    cid = post(board)
+    with pytest.raises(UserError) as e:
+        board.show(cid + 41)
+    assert_one_line(e, f"no candidate {cid + 41}", str(board.path), "ids run 1..1")
+    for call in (
+        lambda: board.wait(99, 0),
+        lambda: board.heartbeat(99, "w"),
+        lambda: board.post_result(99, "w", False, "x", {}, {}),
+    ):
+        with pytest.raises(UserError) as e:
+            call()
+        assert_one_line(e, "no candidate 99")
+
+
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        (dict(target="h9000"), ("unknown chip `h9000`", "h200")),
+        (dict(backend="tpu"), ("unknown backend `tpu`", "cpu")),
+        (dict(group=""), ("node group id",)),
+        (dict(source=None, config=None), ("needs a kernel file's source, a config, or both",)),
+        (dict(source="  \n"), ("kernel source is empty",)),
+        (dict(source=b"\xff\xfe"), ("not UTF-8",)),
+        (dict(config={"block": {1, 2}}), ("config is not plain JSON",)),
+        (dict(config=[1, 2]), ("config must be a JSON object",)),
+    ],
+)
+def test_bad_posts_are_one_line(board: Board, change: dict, needles: tuple[str, ...]) -> None:
+    with pytest.raises(UserError) as e:
+        post(board, **change)
+    assert_one_line(e, *needles)
+    assert board.candidates() == []
+
+
+def test_bad_worker_calls_are_one_line(board: Board) -> None:
+    cid = post(board)
+    with pytest.raises(UserError) as e:
+        board.claim("w", lease_s=0)
+    assert_one_line(e, "lease_s", "> 0")
+    board.claim("w", 30)
+    with pytest.raises(UserError) as e:
+        board.post_result(cid, "w", True, "", {"spread_s": 1.0}, {})
+    assert_one_line(e, "median_s")
+    with pytest.raises(UserError) as e:
+        board.post_result(cid, "w", False, "", {}, {})
+    assert_one_line(e, "needs its cause")
+    with pytest.raises(UserError) as e:
+        board.wait(cid, timeout=-1)
+    assert_one_line(e, "timeout")
+
+
+def test_a_file_that_is_not_a_board_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite"
+    path.write_text("these are my notes, not a database\n" * 100)
+    with pytest.raises(UserError) as e:
+        Board(path)
+    assert_one_line(e, str(path), "not a SQLite file")
+    with pytest.raises(UserError) as e:
+        Board(tmp_path / "missing" / "board.sqlite")
+    assert_one_line(e, "does not exist")
+
+
+# --- several processes -------------------------------------------------------------------------------
+
+
+def _drain(path: Path, worker: str, start: multiprocessing.Barrier, ids: multiprocessing.Queue) -> None:
+    board = Board(path)
+    claimed = []
+    start.wait(timeout=30)  # both claim from the start, so their transactions interleave
+    while (c := board.claim(worker, lease_s=60)) is not None:
+        claimed.append(c.id)
+        time.sleep(0.005)  # the measurement (SQLite's lock is not fair: without a pause one worker
+        # could take every claim while the other backs off, and the test would prove less)
+        assert board.post_result(c.id, worker, True, "", {"median_s": 1e-3 * c.id}, {"numerics": "ok"})
+    ids.put((worker, claimed))
+
+
+def test_two_processes_never_claim_the_same_candidate(board: Board) -> None:
+    posted = [post(board, n=i) for i in range(100)]
+    ids, start = FORK.Queue(), FORK.Barrier(2)
+    workers = [FORK.Process(target=_drain, args=(board.path, f"worker-{k}", start, ids)) for k in range(2)]
+    for p in workers:
+        p.start()
+    got = dict(ids.get(timeout=30) for _ in workers)
+    for p in workers:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    a, b = got["worker-0"], got["worker-1"]
+    assert not set(a) & set(b)
+    assert sorted(a + b) == posted
+    # Both did work (each claim is its own transaction), and the parent's own connection, opened
+    # before the fork, still works.
+    assert a and b, got
+    results = board.results()
+    assert [r.candidate for r in results] == posted
+    assert all(r.worker == ("worker-0" if r.candidate in a else "worker-1") for r in results)
+    assert all(r.attempts == 1 for r in results)
+
+
+def _claim_and_hang(board: Board, claimed: multiprocessing.Queue) -> None:
+    # The parent's Board object, inherited through fork: it must open its own connection here.
+    c = board.claim("doomed", lease_s=1.0)
+    claimed.put(None if c is None else c.id)
+    time.sleep(60)
+
+
+def test_a_killed_workers_claim_is_retried_by_another(board: Board) -> None:
+    cid = post(board)
+    claimed = FORK.Queue()
+    board.show(cid)  # the parent's connection is open when it forks
+    p = FORK.Process(target=_claim_and_hang, args=(board, claimed))
+    p.start()
+    assert claimed.get(timeout=30) == cid
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(timeout=10)
+    assert p.exitcode == -signal.SIGKILL
+    held = board.show(cid)
+    assert (held.state, held.worker, held.attempts) == ("claimed", "doomed", 1)
+    # The dead worker's lease still runs: nobody may take the candidate yet.
+    if time.time() < held.lease_until - 0.2:
+        assert board.claim("rescuer", lease_s=30) is None
+    time.sleep(max(0.0, held.lease_until - time.time()) + 0.05)
+    c = board.claim("rescuer", lease_s=30)
+    assert c is not None and (c.id, c.worker, c.attempts) == (cid, "rescuer", 2)
+    assert board.post_result(cid, "rescuer", True, "", {"median_s": 3e-4}, {"numerics": "ok"})
+    r = board.wait(cid, timeout=0)
+    assert r is not None and (r.ok, r.worker, r.attempts, r.group) == (
+        True,
+        "rescuer",
+        2,
+        "layers.0.attn.norm",
+    )
+
+
+def _post_result_later(path: Path, cid: int) -> None:
+    board = Board(path)
+    c = board.claim("slow", lease_s=30)
+    assert c is not None and c.id == cid
+    time.sleep(0.3)
+    board.post_result(cid, "slow", True, "", {"median_s": 5e-4}, {})
+
+
+def test_wait_sees_a_result_from_another_process(board: Board) -> None:
+    cid = post(board)
+    p = FORK.Process(target=_post_result_later, args=(board.path, cid))
+    p.start()
+    r = board.wait(cid, timeout=30)
+    p.join(timeout=10)
+    assert r is not None and (r.worker, r.measurements) == ("slow", {"median_s": 5e-4})
+
+
+def test_threads_sharing_one_board_object_never_claim_the_same_candidate(board: Board) -> None:
+    posted = [post(board, n=i) for i in range(40)]
+    claims: dict[str, list[int]] = {}
+
+    def drain(worker: str) -> None:
+        mine = claims.setdefault(worker, [])
+        while (c := board.claim(worker, lease_s=60)) is not None:
+            mine.append(c.id)
+            time.sleep(0.002)
+            board.post_result(c.id, worker, True, "", {"median_s": 1e-3}, {})
+
+    threads = [threading.Thread(target=drain, args=(f"thread-{k}",)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    everything = [i for ids in claims.values() for i in ids]
+    assert sorted(everything) == posted  # each candidate claimed exactly once
+    assert [r.candidate for r in board.results()] == posted

@@ -1,0 +1,76 @@
+"""`polymorph tune` on the cpu backend, the mechanics (the speedup is reported, never asserted): a short
+run of llama-tiny records gated champions, survives one of its workers being killed mid-run with nothing
+lost from the board or the registry, writes a tuned plan that `polymorph run` takes, and a second run
+starts from the first run's champions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from polymorph import api
+from polymorph.errors import UserError
+from polymorph.search.board import Board
+from polymorph.search.registry import Registry
+from polymorph.search.tune import TuneOptions, parse_budget, tune
+
+pytestmark = pytest.mark.slow
+
+
+def test_budget_parsing() -> None:
+    assert parse_budget("90s") == 90 and parse_budget("6m") == 360 and parse_budget("2h") == 7200
+    assert parse_budget("45") == 45
+    for bad in ("", "6x", "-1m", "0s", "soon"):
+        with pytest.raises(UserError, match="--budget"):
+            parse_budget(bad)
+
+
+def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    killed: list[int] = []
+
+    def progress(p: dict) -> None:  # kill one worker once the first results are in
+        if not killed and p["done"] >= 2 and len(p["workers"]) == 2:
+            killed.append(p["workers"][0])
+            os.kill(p["workers"][0], signal.SIGKILL)
+
+    opts = TuneOptions(model="llama-tiny", budget_s=50, workers=2, out=out, trials=3, ab_trials=3, lease_s=4)
+    first = tune(opts, progress)
+    assert killed, "the run ended before a worker could be killed"
+    (bucket,) = first.buckets
+    assert bucket.workers_started >= 3  # the killed worker was replaced
+    assert bucket.passed >= 1
+    board = Board(out / "board.sqlite")
+    states = {c.state for c in board.candidates()}
+    assert states <= {"open", "claimed", "done"}
+    done = [c for c in board.candidates() if c.state == "done"]
+    assert len(done) == bucket.candidates  # every result the run counted is on the board
+    board.close()
+
+    reg = Registry(out / "registry.sqlite")
+    champions = reg.list()
+    reg.close()
+    assert champions, "no champion recorded"
+    for champ in champions:
+        assert "numerics" in champ.gates and champ.measurement.median_s > 0 and champ.reasoning
+    report = json.loads((out / "tune-report.json").read_text())
+    assert report["buckets"][0]["ab"]["tuned_s"] > 0 and report["buckets"][0]["ab"]["stock_s"]
+
+    # the tuned plan runs, and generates what the untuned plan generates (greedy, f32)
+    tuned = api.run(str(out), [3, 1, 4, 1, 5], new_tokens=4)
+    untuned = api.run("llama-tiny", [3, 1, 4, 1, 5], backend="cpu", new_tokens=4)
+    assert tuned.tokens == untuned.tokens
+
+    # a second run with the same registry starts from the first run's champions
+    second = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=tmp_path / "again",
+                              registry=out / "registry.sqlite", trials=3, ab_trials=3, lease_s=4))  # fmt: skip
+    (again,) = second.buckets
+    agents = {s.best["agent"] for s in again.signatures if s.best}
+    assert "registry" in json.dumps([s.best for s in again.signatures]) or again.skipped, agents
+    board = Board(tmp_path / "again" / "board.sqlite")
+    assert any(c.agent == "registry" for c in board.candidates())
+    board.close()
