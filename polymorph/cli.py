@@ -518,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)"
     )
+    from polymorph import parallel
+
+    parallel.add_command(sub)
     c = command("engine", None, "a persistent engine: start once, swap candidate kernels into it")
     engine = c.add_subparsers(dest="engine_command", metavar="ACTION", parser_class=_Parser, required=True)
 

@@ -71,6 +71,7 @@ UNITS: dict[str, dict[str, float]] = {
     "power": {"W": 1.0},
     "flops": {"TFLOP/s": 1e12, "PFLOP/s": 1e15},
     "count": {"": 1.0},
+    "time": {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0},  # calibration only: per-call overhead
 }
 
 # Figure name -> (dimension, label). `{unit}` in a label becomes the target's compute unit (SM, CU,
@@ -155,7 +156,25 @@ _DTYPES_HINT = "f32, tf32, bf16, f16, f8e4m3, f8e5m2, fp6, fp4, i8, i32, i64, bo
 EVIDENCE: tuple[str, ...] = ("spec", "derived", "unverified")
 
 _PROFILE_KEYS = {"schema_version", "id", "name", "target", "backend", "note", "peak", "figures"}
-_CALIBRATION_KEYS = {"schema_version", "profile", "provenance", "peak", "figures"}
+_CALIBRATION_KEYS = {
+    "schema_version",
+    "profile",
+    "provenance",
+    "peak",
+    "figures",
+    "curves",
+    "launch_overhead",
+}
+
+# Calibration curves: name -> (what a point is indexed by, dimension of its values, label). A bandwidth
+# curve is indexed by buffer size in bytes; a matmul curve (`matmul.<peak key>`) by the call's shape
+# (M, K, N) of `x[M, K] @ w[N, K]^T`, its size being the call's FLOPs (2 M K N). The set is closed like
+# FIGURES; adding a curve is one line here.
+CURVES: dict[str, tuple[str, str, str]] = {
+    "read_bandwidth": ("bytes", "bandwidth", "Read bandwidth by buffer size"),
+    "copy_bandwidth": ("bytes", "bandwidth", "Copy bandwidth by buffer size (reads plus writes)"),
+    **{f"matmul.{k}": ("shape", "flops", f"Matmul rate by shape, {k}") for k in PEAK_KEYS},
+}
 _PROVENANCE_KEYS = {"date", "device", "driver", "toolchain", "commit", "command"}
 _ID_FORM = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
@@ -176,8 +195,32 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class CurvePoint:
+    """One measured point of a curve: `size` is bytes (bandwidth curves) or FLOPs per call (matmul
+    curves, whose `shape` is (M, K, N)); `value` as written, `si` in base units; `spread` is the
+    trials' (max - min) / median, when recorded."""
+
+    size: float
+    value: float
+    si: float
+    shape: tuple[int, ...] | None = None
+    spread: float | None = None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A measured rate as a function of call size (CURVES names them), points in increasing size."""
+
+    name: str  # "read_bandwidth", "copy_bandwidth", "matmul.bf16"
+    unit: str
+    method: str
+    points: tuple[CurvePoint, ...]
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Measured figures for one profile with their provenance, from one calibration file."""
+    """Measured figures for one profile with their provenance, from one calibration file, with the
+    optional curves (rate by call size) and per-call launch overhead the cost model reads."""
 
     path: str
     date: str  # ISO 8601
@@ -187,6 +230,12 @@ class Calibration:
     commit: str  # polymorph's git commit that measured
     command: str | None
     figures: tuple[Figure, ...]
+    curves: tuple[Curve, ...] = ()
+    launch_overhead: Figure | None = None  # seconds per call of a tiny op (`si`), measured
+
+    def curve(self, name: str) -> Curve | None:
+        """The curve `name` (a CURVES key), or None when this file has none."""
+        return next((c for c in self.curves if c.name == name), None)
 
     def provenance(self) -> str:
         """One line: when, on what, with which versions."""
@@ -494,7 +543,87 @@ def _parse_calibration(data: dict[str, Any], where: str, profile: Profile) -> Ca
         commit=_get(prov, "commit", str, where, prefix="provenance."),
         command=_get(prov, "command", str, where, prefix="provenance.", required=False),
         figures=tuple(_parse_figures(data, where, measured=True)),
+        curves=tuple(_parse_curves(data, where)),
+        launch_overhead=_parse_launch_overhead(data, where),
     )
+
+
+def _parse_launch_overhead(data: dict[str, Any], where: str) -> Figure | None:
+    raw = _get(data, "launch_overhead", dict, where, required=False)
+    return None if raw is None else _parse_figure(raw, "launch_overhead", "time", where, measured=True)
+
+
+def _parse_curves(data: dict[str, Any], where: str) -> list[Curve]:
+    raw = _get(data, "curves", dict, where, required=False) or {}
+    flat: dict[str, Any] = {}
+    for key, table in raw.items():
+        if key == "matmul" and isinstance(table, dict):
+            _no_unknown_keys(table, set(PEAK_KEYS), where, "curves.matmul.")
+            flat.update({f"matmul.{k}": v for k, v in table.items()})
+        else:
+            flat[key] = table
+    _no_unknown_keys(flat, set(CURVES), where, "curves.")
+    return [_parse_curve(flat[name], name, where) for name in CURVES if name in flat]
+
+
+def _parse_curve(raw: object, name: str, where: str) -> Curve:
+    field = f"curves.{name}"
+    index, dimension, _ = CURVES[name]
+    keys = "`shapes` ([M, K, N] per point)" if index == "shape" else "`bytes`"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: `{field}` must be a table with `unit`, `method`, {keys} and `values`")
+    by = "shapes" if index == "shape" else "bytes"
+    _no_unknown_keys(raw, {"unit", "method", "note", by, "values", "spreads"}, where, f"{field}.")
+    units = UNITS[dimension]
+    unit = raw.get("unit", "")
+    if unit not in units:
+        raise UserError(f"{where}: `{field}.unit` is {unit!r}; a {dimension} curve takes {', '.join(units)}")
+    method = raw.get("method")
+    if not isinstance(method, str) or not method.strip():
+        raise UserError(f"{where}: `{field}.method` is missing or empty; say how it was measured")
+    values = _numbers(raw.get("values"), f"{field}.values", where)
+    keys_raw = raw.get(by)
+    if not isinstance(keys_raw, list) or len(keys_raw) != len(values):
+        raise UserError(f"{where}: `{field}.{by}` must be a list as long as `values` ({len(values)})")
+    spreads_raw = raw.get("spreads")
+    spreads: list[float | None] = [None] * len(values)
+    if spreads_raw is not None:
+        spreads = list(_numbers(spreads_raw, f"{field}.spreads", where, allow_zero=True))
+        if len(spreads) != len(values):
+            raise UserError(f"{where}: `{field}.spreads` must be as long as `values` ({len(values)})")
+    points = []
+    for i, (key, value, spread) in enumerate(zip(keys_raw, values, spreads, strict=True)):
+        if index == "shape":
+            if not (
+                isinstance(key, list)
+                and len(key) == 3
+                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in key)
+            ):
+                raise UserError(
+                    f"{where}: `{field}.shapes[{i}]` must be [M, K, N] positive ints; got {key!r}"
+                )
+            shape: tuple[int, ...] | None = tuple(key)
+            size = 2.0 * key[0] * key[1] * key[2]
+        else:
+            size = _numbers([key], f"{field}.bytes[{i}]", where)[0]
+            shape = None
+        points.append(CurvePoint(size, value, value * units[unit], shape, spread))
+    points.sort(key=lambda p: (p.size, p.shape or ()))
+    if index == "bytes" and len({p.size for p in points}) != len(points):
+        raise UserError(f"{where}: `{field}.bytes` lists a size twice; keep one point per size")
+    if index == "shape" and len({p.shape for p in points}) != len(points):
+        raise UserError(f"{where}: `{field}.shapes` lists a shape twice; keep one point per shape")
+    return Curve(name=name, unit=unit, method=method.strip(), points=tuple(points))
+
+
+def _numbers(raw: object, field: str, where: str, *, allow_zero: bool = False) -> list[float]:
+    ok = isinstance(raw, list) and bool(raw)
+    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw)  # type: ignore[union-attr]
+    ok = ok and all((v >= 0 if allow_zero else v > 0) for v in raw)  # type: ignore[union-attr]
+    if not ok:
+        sign = "non-negative" if allow_zero else "positive"
+        raise UserError(f"{where}: `{field}` must be a non-empty list of {sign} numbers; got {raw!r}")
+    return [float(v) for v in raw]  # type: ignore[union-attr]
 
 
 def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Figure]:
@@ -513,7 +642,7 @@ def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Fig
 
 
 def _parse_figure(raw: object, name: str, dimension: str, where: str, measured: bool) -> Figure:
-    field = name if name.startswith("peak.") else f"figures.{name}"
+    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_overhead
     if not isinstance(raw, dict):
         raise UserError(
             f"{where}: `{field}` must be a table with `value`, `unit` and "

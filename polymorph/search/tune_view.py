@@ -68,9 +68,10 @@ def print_report(report: TuneReport) -> None:
             console.line("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(b.failed.items())))
         ab = b.ab
         console.line(
-            f"end to end, whole decode steps, same run: untuned {console.seconds(min(ab['stock_s']))}"
-            f"-{console.seconds(max(ab['stock_s']))}, tuned {console.seconds(ab['tuned_s'])}: "
-            f"{ab['speedup']:.2f}x ({ab['trials']} trials per arm; final gate {ab['gate']})"
+            f"end to end, whole decode steps, same run, {ab['rounds']} alternating rounds: untuned "
+            f"{' '.join(console.seconds(x) for x in ab['stock_s'])}, tuned "
+            f"{' '.join(console.seconds(x) for x in ab['tuned_s'])}: {ab['speedup']:.2f}x "
+            f"(medians; {ab['trials']} steps per arm and round; final gate {ab['gate']})"
         )
         console.line(f"tuned plan: {b.plan_dir} (polymorph run {b.plan_dir})")
     console.line(

@@ -1,0 +1,374 @@
+"""The calibrated cost model: predicted time per kernel call and per step, and a plan's memory footprint.
+
+Per kernel call (one plan group):
+
+    time = max(bytes / (bw * eff_bw(bytes)), flops / (peak * eff_flops(flops, shape))) + launch overhead
+
+`bw` and `peak` are the profile's figures (measured where calibrated, polymorph/hw.py). The efficiencies
+come from the calibration file's curves (hwprofiles/measured/README.md), piecewise-linear in log(size)
+between measured points and flat beyond the ends:
+- eff_bw(bytes) = read bandwidth measured at a buffer of that size / bw (the copy curve when there is no
+  read curve). Kernels of a decode step mostly read (weights, KV cache), hence the read curve. It can
+  exceed 1 for buffers that stay in cache, since bw is the sustained large-buffer figure.
+- eff_flops = measured matmul rate / peak, for groups that do matrix work (linear, matmul, attention,
+  moe_ffn). A group with a linear node uses the points whose M is nearest its M (in log), a group with
+  attention or experts but no linear uses the M=1 points: decode attention and routed experts are
+  matrix-vector work. Other groups (norms, elementwise) run at efficiency 1 on compute: their flops are
+  negligible and memory or launch overhead bounds them.
+- launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S.
+Without calibration every efficiency is 1 and the prediction says it is uncalibrated.
+
+`refine` corrects the prediction with measured group times: per pattern, a scale factor (the geometric
+mean of measured / predicted over the measured groups of that pattern) multiplies every group of the
+pattern, so timing a few groups of a pattern corrects the rest of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from polymorph.errors import UserError
+from polymorph.hw import Curve, Profile, load_profile, peak_key
+from polymorph.ir.graph import Graph, TensorType
+from polymorph.ir.ops import Cost
+from polymorph.ir.shapes import numel
+from polymorph.plan import Plan, PlanGroup
+from polymorph.predict import group_cost
+
+# Per-call overhead when nothing is measured: a GPU kernel launched from the host costs a few
+# microseconds (captured graphs cut it; a Python-driven cpu kernel costs about as much). An assumed
+# order of magnitude, not a measurement: calibrate to replace it.
+DEFAULT_LAUNCH_OVERHEAD_S = 5e-6
+
+MATRIX_OPS = frozenset({"linear", "matmul", "attention", "cache_attention", "moe_ffn"})
+
+FOOTPRINT_METHOD = (
+    "weights: every param at its dtype; KV cache: the graph's state at the bucket's cache_blocks; "
+    "activations: peak over the plan's group order of the buffers it materializes (group outputs and "
+    "graph inputs), each live from the group that writes it to the last group that reads it; KV writes "
+    "alias the cache; values inside a fused group and a kernel's own scratch are not counted"
+)
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel call's prediction. `bound` is the term that set the time: memory, compute, overhead
+    (launch overhead above both), or interconnect (an all-reduce row of parallel.py)."""
+
+    group: str
+    pattern: str
+    bytes: float
+    flops: float
+    dtype: str
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+    predicted_s: float
+    bound: str
+    scale: float = 1.0  # refine's factor for this group's pattern (1: not refined)
+    measured_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights_bytes: float
+    kv_cache_bytes: float
+    activation_bytes: float
+    method: str = FOOTPRINT_METHOD
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A plan's predicted step at one bucket: rows in plan order, their sum, and the footprint."""
+
+    profile: str
+    model: str
+    bindings: dict[str, int]
+    kernels: tuple[KernelRow, ...]
+    footprint: Footprint
+    calibrated: bool
+    basis: str  # where bw, peak, curves and overhead came from
+    scales: dict[str, float] = field(default_factory=dict)  # pattern -> refine factor
+
+    @property
+    def step_s(self) -> float:
+        return sum(k.predicted_s for k in self.kernels)
+
+    def row(self, group: str) -> KernelRow:
+        for k in self.kernels:
+            if k.group == group:
+                return k
+        raise UserError(f"the prediction has no group `{group}`")
+
+    def refine(self, measured: Mapping[str, float]) -> Prediction:
+        """A new prediction whose groups are scaled per pattern by the geometric mean of measured /
+        unrefined-predicted over the measured groups of that pattern. Patterns without a measured group
+        keep their scale. Measured times are recorded on their rows. UserError for an unknown group or
+        a time that is not a positive finite number."""
+        ratios: dict[str, list[float]] = {}
+        for group_id, seconds in measured.items():
+            row = self.row(group_id)
+            if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+                raise UserError(f"measured time of `{group_id}` must be a positive number of seconds")
+            ratios.setdefault(row.pattern, []).append(math.log(seconds / (row.predicted_s / row.scale)))
+        scales = dict(self.scales)
+        scales.update({p: math.exp(sum(logs) / len(logs)) for p, logs in ratios.items()})
+        rows = []
+        for k in self.kernels:
+            scale = scales.get(k.pattern, 1.0)
+            rows.append(
+                replace(
+                    k,
+                    predicted_s=k.predicted_s / k.scale * scale,
+                    scale=scale,
+                    measured_s=measured.get(k.group, k.measured_s),
+                )
+            )
+        return replace(self, kernels=tuple(rows), scales=scales)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For report.json and agents: every field, plus step_s and the footprint's total."""
+        d = asdict(self)
+        d["step_s"] = self.step_s
+        d["footprint"]["total_bytes"] = self.footprint.total_bytes
+        return d
+
+
+@dataclass(frozen=True)
+class HardwareModel:
+    """What the model knows of one chip: figures, curves and per-call overhead, and their origin."""
+
+    profile: Profile
+
+    @property
+    def calibrated(self) -> bool:
+        return self.profile.calibration is not None
+
+    @property
+    def launch_overhead_s(self) -> float:
+        cal = self.profile.calibration
+        if cal is not None and cal.launch_overhead is not None:
+            return cal.launch_overhead.si
+        return DEFAULT_LAUNCH_OVERHEAD_S
+
+    def basis(self) -> str:
+        cal = self.profile.calibration
+        if cal is None:
+            return (
+                f"uncalibrated: {self.profile.id}'s vendor figures at efficiency 1, launch overhead "
+                f"{DEFAULT_LAUNCH_OVERHEAD_S * 1e6:g} us (assumed default)"
+            )
+        curves = ", ".join(c.name for c in cal.curves) or "no curves (efficiency 1)"
+        overhead = "measured" if cal.launch_overhead is not None else "assumed default"
+        return (
+            f"calibrated ({cal.path}, {cal.provenance()}): curves {curves}; launch overhead "
+            f"{self.launch_overhead_s * 1e6:.3g} us ({overhead})"
+        )
+
+    def bandwidth(self) -> float:
+        bw = self.profile.memory_bandwidth()
+        if bw is None:
+            raise UserError(
+                f"profile `{self.profile.id}` has no memory bandwidth; calibrate it with "
+                f"`polymorph microbench --backend {self.profile.backend}` or add `figures.memory_bandwidth`"
+            )
+        return bw
+
+    def peak(self, dtype: str) -> float:
+        peak = self.profile.peak_flops(dtype)
+        if peak is None:
+            raise UserError(
+                f"profile `{self.profile.id}` has no peak rate for {dtype}; calibrate it with "
+                f"`polymorph microbench --backend {self.profile.backend}` or add `peak.{peak_key(dtype)}`"
+            )
+        return peak
+
+    def eff_bw(self, nbytes: float) -> float:
+        cal = self.profile.calibration
+        curve = None if cal is None else (cal.curve("read_bandwidth") or cal.curve("copy_bandwidth"))
+        if curve is None or nbytes <= 0:
+            return 1.0
+        return _interpolate([(p.size, p.si) for p in curve.points], nbytes) / self.bandwidth()
+
+    def eff_flops(self, flops: float, dtype: str, shape: tuple[int, int, int] | None) -> float:
+        cal = self.profile.calibration
+        key = peak_key(dtype)
+        curve = None if cal is None or key is None else cal.curve(f"matmul.{key}")
+        if curve is None or flops <= 0:
+            return 1.0
+        points = _nearest_rows(curve, shape)
+        return _interpolate([(p.size, p.si) for p in points], flops) / self.peak(dtype)
+
+    def kernel_row(
+        self,
+        group: str,
+        pattern: str,
+        cost: Cost,
+        dtype: str,
+        shape: tuple[int, int, int] | None,
+        matrix: bool,
+    ) -> KernelRow:
+        memory_s = cost.bytes / (self.bandwidth() * self.eff_bw(cost.bytes)) if cost.bytes > 0 else 0.0
+        compute_s = 0.0
+        if cost.flops > 0:
+            eff = self.eff_flops(cost.flops, dtype, shape) if matrix else 1.0
+            compute_s = cost.flops / (self.peak(dtype) * eff)
+        overhead = self.launch_overhead_s
+        if overhead > max(memory_s, compute_s):
+            bound = "overhead"
+        else:
+            bound = "compute" if compute_s > memory_s else "memory"
+        return KernelRow(
+            group=group,
+            pattern=pattern,
+            bytes=cost.bytes,
+            flops=cost.flops,
+            dtype=dtype,
+            memory_s=memory_s,
+            compute_s=compute_s,
+            overhead_s=overhead,
+            predicted_s=max(memory_s, compute_s) + overhead,
+            bound=bound,
+        )
+
+
+def predict(
+    plan: Plan,
+    profile: Profile | None = None,
+    *,
+    calibration_dir: Path | None = None,
+    costs: Mapping[str, Cost] | None = None,
+) -> Prediction:
+    """The predicted step of `plan` at its bindings on `profile` (default: the plan's, with the
+    calibration overlay from `calibration_dir` or POLYMORPH_CALIBRATION_DIR). `costs` replaces the
+    op-table cost of the groups it names (parallel.py's per-device expert work). UserError when the
+    plan has unbound symbols or the profile lacks a figure the model needs."""
+    if profile is None:
+        from polymorph.knobs import knobs
+
+        profile = load_profile(plan.profile, calibration_dir or knobs.calibration_dir)
+    graph = plan.graph
+    bindings = dict(plan.bindings)
+    missing = sorted(graph.symbols() - set(bindings))
+    if missing:
+        raise UserError(
+            f"the plan has no sizes for {', '.join(missing)}; compile it for a bucket (--batch/--ctx or "
+            f"--traffic) before predicting"
+        )
+    model = HardwareModel(profile)
+    types = graph.types()
+    by_name = {n.name: n for n in graph.nodes}
+    rows = []
+    for group in plan.groups:
+        cost = (costs or {}).get(group.id) or group_cost(graph, group, types, bindings)
+        ops = {by_name[n].op for n in group.nodes}
+        rows.append(
+            model.kernel_row(
+                group.id,
+                group.pattern,
+                cost,
+                _compute_dtype(group, types),
+                _matmul_shape(group, by_name, types, bindings),
+                matrix=bool(ops & MATRIX_OPS),
+            )
+        )
+    return Prediction(
+        profile=profile.id,
+        model=plan.model or graph.name,
+        bindings=bindings,
+        kernels=tuple(rows),
+        footprint=footprint(plan),
+        calibrated=model.calibrated,
+        basis=model.basis(),
+    )
+
+
+def footprint(plan: Plan) -> Footprint:
+    """Memory a step of `plan` needs at its bindings; see FOOTPRINT_METHOD for how."""
+    graph, bindings = plan.graph, dict(plan.bindings)
+    weights = sum(_bytes(t, bindings) for t in graph.params.values())
+    kv = sum(_bytes(t, bindings) for t in graph.state.values())
+    return Footprint(float(weights), float(kv), float(_peak_activations(plan, graph, bindings)))
+
+
+def _peak_activations(plan: Plan, graph: Graph, bindings: Mapping[str, int]) -> int:
+    types = graph.types()
+    aliases = {o for n in graph.nodes if n.op == "kv_write" for o in n.outputs}
+    end = len(plan.groups)
+    first: dict[str, int] = {v: 0 for v in graph.inputs}
+    last: dict[str, int] = {v: end for v in graph.outputs.values()}
+    for i, group in enumerate(plan.groups):
+        for v in group.outputs:
+            first.setdefault(v, i)
+        for v in group.inputs:
+            last[v] = max(last.get(v, i), i)
+    live = [0] * (end + 1)
+    for v, start in first.items():
+        if v in aliases or v in graph.params or v in graph.state:
+            continue
+        size = _bytes(types[v], bindings)
+        for i in range(start, max(last.get(v, start), start) + 1):
+            live[i] += size
+    return max(live)
+
+
+def _bytes(t: TensorType, bindings: Mapping[str, int]) -> int:
+    return numel(t.shape, bindings) * t.dtype.itemsize
+
+
+def _compute_dtype(group: PlanGroup, types: Mapping[str, TensorType]) -> str:
+    for v in group.inputs:
+        if types[v].dtype.is_float:
+            return types[v].dtype.value
+    return "f32"
+
+
+def _matmul_shape(
+    group: PlanGroup, by_name: Mapping[str, Any], types: Mapping[str, TensorType], bindings: Mapping[str, int]
+) -> tuple[int, int, int] | None:
+    """(M, K, N) of the group's largest linear node, or None when it has none."""
+    best: tuple[int, int, int] | None = None
+    for name in group.nodes:
+        node = by_name[name]
+        if node.op != "linear":
+            continue
+        x, w = types[node.inputs[0]], types[node.inputs[1]]
+        n_out, k = (numel((d,), bindings) for d in w.shape)
+        shape = (numel(x.shape[:-1], bindings), k, n_out)
+        if best is None or math.prod(shape) > math.prod(best):
+            best = shape
+    return best
+
+
+def _nearest_rows(curve: Curve, shape: tuple[int, int, int] | None) -> Sequence[Any]:
+    """The curve's points whose M is nearest `shape`'s M in log; the smallest M's when no shape."""
+    rows = sorted({p.shape[0] for p in curve.points if p.shape})
+    if not rows:
+        return curve.points
+    m = rows[0] if shape is None else min(rows, key=lambda r: abs(math.log(r) - math.log(shape[0])))
+    return [p for p in curve.points if p.shape and p.shape[0] == m]
+
+
+def _interpolate(points: Sequence[tuple[float, float]], size: float) -> float:
+    """Piecewise-linear in log(size) through (size, value) points sorted by size; flat beyond the ends."""
+    pts = sorted(points)
+    if size <= pts[0][0]:
+        return pts[0][1]
+    if size >= pts[-1][0]:
+        return pts[-1][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= size <= x1:
+            if x1 == x0:
+                return y1
+            t = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return pts[-1][1]

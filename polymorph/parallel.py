@@ -1,0 +1,445 @@
+"""Parallelism planning: tensor-parallel (and, for MoE, expert-parallel) degree for N devices.
+
+Each option is predicted from the graph one device runs, lowered by the backend and priced by the cost
+model (costmodel.py):
+- TP=t (Megatron style): attention heads, kv heads and the MLP's (or each expert's) intermediate width
+  are split t ways, so a device runs the decoder built from a config with those sizes divided by t.
+  Norms, residuals, the embedding and lm_head are replicated (vocab-parallel lm_head is not modeled).
+  t must divide N, the heads, the kv heads and the intermediate width.
+- EP=t (MoE only): attention as TP=t, and the experts split whole across the same t devices, E/t each;
+  t must divide the expert count. A device's expert work assumes balanced routing: of the bucket's
+  tokens x top-k assignments it serves 1/t, touching min(E/t, assignments/t) experts' weights.
+- Communication: two all-reduces per layer (after the o-projection and after the MLP or experts) of
+  the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
+  the profile's `interconnect_bandwidth` figure as the profile states it (the h200 file quotes the
+  bidirectional NVLink figure, so the term is optimistic there), plus one launch overhead each. Without
+  the figure the communication time is unknown and the option says so.
+- N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch
+  per step.
+- Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations)
+  against the profile's `memory_capacity`.
+The choice: among options that fit (or whose fit is unknown) and meet the latency target, the highest
+throughput when a target is given, else the lowest step time; fewer devices per replica break ties.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from polymorph import console
+from polymorph.backend import registry
+from polymorph.costmodel import HardwareModel, KernelRow, Prediction, predict
+from polymorph.errors import UserError
+from polymorph.hw import Profile, load_profile
+from polymorph.ir.dtypes import DType
+from polymorph.ir.ops import Cost, node_cost
+from polymorph.ir.shapes import numel
+from polymorph.models import Model, load_model
+from polymorph.models.config import ModelConfig
+from polymorph.models.decoder import DEFAULT_BLOCK_SIZE, build_decoder
+from polymorph.passes import bucket_bindings
+from polymorph.plan import Plan
+from polymorph.predict import group_cost
+
+
+@dataclass(frozen=True)
+class ParallelOption:
+    """One way to spread the model over the devices, predicted per device at the bucket."""
+
+    tp: int
+    ep: int
+    replicas: int  # devices // tp copies of the model
+    compute_s: float  # the device's kernels, communication excluded
+    allreduce_s: float | None  # None: the profile has no interconnect figure
+    memory_bytes: float  # per device
+    capacity_bytes: float | None
+    fits: bool | None  # None: the profile has no memory capacity
+    meets_target: bool | None  # None: no latency target
+    tokens_per_s: float  # replicas x batch / step, decode tokens across all devices
+    reasons: tuple[str, ...]
+    prediction: Prediction  # the device's rows, all-reduces included when known
+    chosen: bool = False
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + (self.allreduce_s or 0.0)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    tp: int
+    ep: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    model: str
+    profile: str
+    backend: str
+    devices: int
+    batch: int
+    ctx: int
+    latency_target_s: float | None
+    interconnect: str  # the figure used, or why there is none
+    basis: str  # the cost model's calibration basis
+    options: tuple[ParallelOption, ...]
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def choice(self) -> ParallelOption | None:
+        return next((o for o in self.options if o.chosen), None)
+
+
+def plan_parallel(
+    model: str | Path | Model,
+    devices: int,
+    *,
+    backend: str | None = None,
+    target: str | None = None,
+    batch: int | None = None,
+    ctx: int | None = None,
+    traffic: str | Path | None = None,
+    latency_s: float | None = None,
+    dtype: str | None = None,
+    calibration_dir: Path | None = None,
+) -> ParallelPlan:
+    """Options for running `model` on `devices` chips of `target` (a profile id; default the backend's
+    first) at a traffic bucket (--batch/--ctx, or the heaviest bucket of `traffic`). UserError for bad
+    devices, an unknown backend or chip, a model without a config, or a bad latency target."""
+    from polymorph.api import pick_bucket
+    from polymorph.knobs import knobs
+
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise UserError(f"--devices must be a positive whole number of chips; got {devices!r}")
+    if latency_s is not None and not latency_s > 0:
+        raise UserError(f"--latency-ms must be a positive number of milliseconds; got {latency_s * 1e3:g}")
+    b = registry.get(backend or knobs.backend)
+    profile = load_profile(target or b.targets[0], calibration_dir or knobs.calibration_dir)
+    if profile.id not in b.targets:
+        raise UserError(f"backend `{b.name}` does not run `{profile.id}`; its chips: {', '.join(b.targets)}")
+    dt = dtype or ("f32" if b.name == "cpu" else "bf16")
+    m = model if isinstance(model, Model) else load_model(model, dtype=dt)
+    if m.config is None:
+        raise UserError(
+            f"model `{m.name}` is an IR file; planning parallelism needs its config (a zoo name or HF dir)"
+        )
+    bucket = pick_bucket(batch, ctx, traffic)
+    link = profile.figure("interconnect_bandwidth")
+    interconnect = (
+        f"{link.value:g} {link.unit} ({link.source}{'; ' + link.note if link.note else ''})"
+        if link is not None
+        else f"unknown: profile `{profile.id}` has no figures.interconnect_bandwidth"
+    )
+    options, rejected = [], []
+    for tp, ep in _candidates(m.config, devices):
+        why = _unsplittable(m.config, tp, ep)
+        if why:
+            rejected.append(Rejected(tp, ep, why))
+            continue
+        options.append(_option(m, profile, b.name, tp, ep, devices, bucket.batch, bucket.ctx, latency_s))
+    options = _choose(options, latency_s is not None)
+    return ParallelPlan(
+        model=m.name,
+        profile=profile.id,
+        backend=b.name,
+        devices=devices,
+        batch=bucket.batch,
+        ctx=bucket.ctx,
+        latency_target_s=latency_s,
+        interconnect=interconnect,
+        basis=HardwareModel(profile).basis(),
+        options=tuple(options),
+        rejected=tuple(rejected),
+    )
+
+
+def device_config(cfg: ModelConfig, tp: int, ep: int) -> ModelConfig:
+    """The config whose decoder is what one device runs under TP=tp, EP=ep (see the module docstring)."""
+    fields: dict[str, int] = {
+        "num_attention_heads": cfg.num_attention_heads // tp,
+        "num_key_value_heads": cfg.num_key_value_heads // tp,
+    }
+    if not cfg.is_moe:
+        fields["intermediate_size"] = cfg.intermediate_size // tp
+    elif ep > 1:
+        fields["num_experts"] = cfg.num_experts // ep  # type: ignore[operator]
+    elif cfg.family == "mixtral":
+        fields["intermediate_size"] = cfg.intermediate_size // tp
+    else:
+        fields["moe_intermediate_size"] = cfg.moe_intermediate_size // tp  # type: ignore[operator]
+    return dataclasses.replace(cfg, **fields)
+
+
+def _candidates(cfg: ModelConfig, devices: int) -> list[tuple[int, int]]:
+    divisors = [t for t in range(1, devices + 1) if devices % t == 0]
+    out = [(t, 1) for t in divisors]
+    if cfg.is_moe:
+        out += [(t, t) for t in divisors if t > 1]
+    return out
+
+
+def _unsplittable(cfg: ModelConfig, tp: int, ep: int) -> str | None:
+    for what, n in (("attention heads", cfg.num_attention_heads), ("kv heads", cfg.num_key_value_heads)):
+        if n % tp:
+            return f"{what} ({n}) do not divide by TP={tp}"
+    if ep > 1:
+        experts = cfg.num_experts or 0
+        if experts % ep or experts // ep < 1:
+            return f"experts ({experts}) do not divide by EP={ep}"
+        if (cfg.num_experts_per_tok or 0) > experts:
+            return f"top-k ({cfg.num_experts_per_tok}) exceeds the experts ({experts})"
+        return None
+    width = cfg.expert_intermediate_size if cfg.is_moe else cfg.intermediate_size
+    if width is not None and width % tp:
+        return f"intermediate width ({width}) does not divide by TP={tp}"
+    return None
+
+
+def _option(
+    m: Model,
+    profile: Profile,
+    backend: str,
+    tp: int,
+    ep: int,
+    devices: int,
+    batch: int,
+    ctx: int,
+    latency_s: float | None,
+) -> ParallelOption:
+    assert m.config is not None
+    graph = build_decoder(
+        device_config(m.config, tp, ep),
+        name=f"{m.name}-tp{tp}-ep{ep}",
+        dtype=m.dtype,
+        block_size=int(m.graph.meta.get("block_size", DEFAULT_BLOCK_SIZE)),
+    )
+    plan = registry.get(backend).lower(graph, profile, bucket_bindings(graph, batch=batch, ctx=ctx))
+    plan.model = m.name
+    base = predict(plan, profile, costs=_expert_parallel_costs(plan, ep) if ep > 1 else None)
+    compute_s = base.step_s
+    rows = _allreduce_rows(m.config, profile, tp, batch, m.dtype)
+    allreduce_s = None if rows is None else sum(r.predicted_s for r in rows)
+    prediction = dataclasses.replace(base, kernels=base.kernels + tuple(rows or ()))
+    capacity = profile.memory_bytes()
+    memory = base.footprint.total_bytes
+    fits = None if capacity is None else memory <= capacity
+    step = compute_s + (allreduce_s or 0.0)
+    meets = None if latency_s is None else step <= latency_s
+    reasons = [_layout(m.config, tp, ep, devices)]
+    if tp > 1 and rows is None:
+        reasons.append("all-reduce time unknown (no interconnect figure): the step leaves it out")
+    elif tp > 1:
+        reasons.append(f"{len(rows or ())} all-reduces take {console.seconds(allreduce_s)}")
+    if fits is None:
+        reasons.append(f"memory capacity of `{profile.id}` unknown")
+    elif not fits:
+        reasons.append(f"needs {_size(memory)} per device, the chip has {_size(capacity)}")
+    else:
+        reasons.append(f"fits: {_size(memory)} of {_size(capacity)} per device")
+    if meets is False:
+        reasons.append(f"step {console.seconds(step)} misses the {console.seconds(latency_s)} target")
+    return ParallelOption(
+        tp=tp,
+        ep=ep,
+        replicas=devices // tp,
+        compute_s=compute_s,
+        allreduce_s=allreduce_s if tp > 1 else 0.0,
+        memory_bytes=memory,
+        capacity_bytes=float(capacity) if capacity is not None else None,
+        fits=fits,
+        meets_target=meets,
+        tokens_per_s=(devices // tp) * batch / step,
+        reasons=tuple(reasons),
+        prediction=prediction,
+    )
+
+
+def _size(nbytes: float) -> str:
+    return console.quantity(nbytes, "B")
+
+
+def _layout(cfg: ModelConfig, tp: int, ep: int, devices: int) -> str:
+    replicas = devices // tp
+    copies = f"; {replicas} replicas serve separate batches" if replicas > 1 else ""
+    if tp == 1:
+        return f"whole model on each device{copies}"
+    if ep > 1:
+        return f"attention split {tp} ways, {(cfg.num_experts or 0) // ep} whole experts per device (EP={ep}){copies}"
+    width = "each expert's width" if cfg.is_moe else "MLP width"
+    return f"heads, kv heads and {width} split {tp} ways (TP={tp}){copies}"
+
+
+def _allreduce_rows(
+    cfg: ModelConfig, profile: Profile, tp: int, batch: int, dtype: DType
+) -> list[KernelRow] | None:
+    """Two ring all-reduces per layer of [batch, 1, hidden] activations; [] for TP=1, None when unknown."""
+    if tp == 1:
+        return []
+    link = profile.figure("interconnect_bandwidth")
+    if link is None:
+        return None
+    nbytes = batch * cfg.hidden_size * dtype.itemsize
+    moved = 2.0 * (tp - 1) / tp * nbytes
+    overhead = HardwareModel(profile).launch_overhead_s
+    rows = []
+    for layer in range(cfg.num_hidden_layers):
+        for where in ("attn.o", "mlp.down"):
+            wire = moved / link.si
+            rows.append(
+                KernelRow(
+                    group=f"layers.{layer}.{where}.allreduce",
+                    pattern="all_reduce",
+                    bytes=moved,
+                    flops=0.0,
+                    dtype=dtype.value,
+                    memory_s=wire,
+                    compute_s=0.0,
+                    overhead_s=overhead,
+                    predicted_s=wire + overhead,
+                    bound="interconnect" if wire > overhead else "overhead",
+                )
+            )
+    return rows
+
+
+def _expert_parallel_costs(plan: Plan, ep: int) -> dict[str, Cost]:
+    """Per-device cost of each group holding a moe_ffn node, under balanced routing over `ep` devices."""
+    graph, bindings = plan.graph, dict(plan.bindings)
+    types = graph.types()
+    by_name = {n.name: n for n in graph.nodes}
+    out: dict[str, Cost] = {}
+    for group in plan.groups:
+        moe = [by_name[n] for n in group.nodes if by_name[n].op == "moe_ffn"]
+        if not moe:
+            continue
+        cost = group_cost(graph, group, types, bindings)
+        flops, nbytes = cost.flops, cost.bytes
+        for node in moe:
+            naive = node_cost(
+                node, [types[v] for v in node.inputs], [types[v] for v in node.outputs], bindings
+            )
+            x, routing, w_gate = (types[v] for v in node.inputs[:2] + node.inputs[3:4])
+            tokens = numel(x.shape[:-1], bindings)
+            k = numel(routing.shape[-1:], bindings)
+            experts, ffn, dim = (numel((d,), bindings) for d in w_gate.shape)
+            served = tokens * k / ep  # assignments this device serves
+            touched_naive = min(experts, tokens * k)
+            touched = min(experts, served)
+            weight_bytes = 3.0 * ffn * dim * w_gate.dtype.itemsize
+            flops += 6.0 * served * ffn * dim - naive.flops
+            nbytes += (touched - touched_naive) * weight_bytes
+        out[group.id] = Cost(flops, max(nbytes, 0.0))
+    return out
+
+
+def _choose(options: list[ParallelOption], by_throughput: bool) -> list[ParallelOption]:
+    feasible = [o for o in options if o.fits is not False and o.meets_target is not False]
+    if not feasible:
+        return options
+    if by_throughput:
+        best = max(feasible, key=lambda o: (o.tokens_per_s, -o.tp))
+        why = "chosen: highest throughput that fits and meets the target"
+    else:
+        best = min(feasible, key=lambda o: (o.step_s, o.tp))
+        why = "chosen: lowest step time that fits"
+    return [
+        dataclasses.replace(o, chosen=True, reasons=(*o.reasons, why)) if o is best else o for o in options
+    ]
+
+
+def print_plan(plan: ParallelPlan) -> None:
+    """The options as a table, then the bucket, interconnect, cost basis and rejected degrees."""
+    rows = []
+    for o in plan.options:
+        rows.append(
+            (
+                "*" if o.chosen else "",
+                o.tp,
+                o.ep,
+                o.replicas,
+                console.seconds(o.compute_s),
+                "-"
+                if o.tp == 1
+                else console.seconds(o.allreduce_s)
+                if o.allreduce_s is not None
+                else "unknown",
+                console.seconds(o.step_s),
+                f"{o.tokens_per_s:,.0f}",
+                console.quantity(o.memory_bytes, "B"),
+                console.quantity(o.capacity_bytes, "B") if o.capacity_bytes is not None else "unknown",
+                "; ".join(o.reasons),
+            )
+        )
+    console.table(
+        f"{plan.model} on {plan.devices} x {plan.profile} ({plan.backend}), batch {plan.batch}, ctx {plan.ctx}",
+        [
+            "",
+            "TP",
+            "EP",
+            "replicas",
+            "kernels",
+            "all-reduce",
+            "step",
+            "tokens/s",
+            "memory/device",
+            "capacity",
+            "why",
+        ],
+        rows,
+    )
+    if plan.latency_target_s is not None:
+        console.line(f"latency target: {plan.latency_target_s * 1e3:g} ms per step")
+    console.line(f"interconnect: {plan.interconnect}")
+    console.line(f"cost model: {plan.basis}")
+    for r in plan.rejected:
+        console.line(f"not offered: TP={r.tp}" + (f", EP={r.ep}" if r.ep > 1 else "") + f": {r.reason}")
+    if plan.choice is None:
+        console.warn("no option fits the devices' memory and the latency target")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`polymorph plan`: exit 0 with a choice, 1 when no option fits memory and the latency target."""
+    latency = None if args.latency_ms is None else args.latency_ms * 1e-3
+    plan = plan_parallel(
+        args.model,
+        args.devices,
+        backend=args.backend,
+        target=args.target,
+        batch=args.batch,
+        ctx=args.ctx,
+        traffic=args.traffic,
+        latency_s=latency,
+        dtype=args.dtype,
+    )
+    print_plan(plan)
+    return 0 if plan.choice is not None else 1
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `polymorph plan` on the CLI's subparsers (cli.build_parser's `sub`)."""
+    help = "choose tensor/expert-parallel degrees for N devices from the cost model"
+    c = subparsers.add_parser("plan", help=help, description=help)
+    c.set_defaults(fn=cmd_plan)
+    c.add_argument("model", help="zoo name or Hugging Face model directory")
+    c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
+    c.add_argument("--devices", type=int, required=True, help="number of chips")
+    c.add_argument("--target", help="chip profile id (default: the backend's first)")
+    c.add_argument("--traffic", help="traffic shape TOML; planned for its heaviest bucket")
+    c.add_argument("--batch", type=int)
+    c.add_argument("--ctx", type=int)
+    c.add_argument("--latency-ms", type=float, help="per-step latency target in milliseconds")
+    c.add_argument("--dtype", help="weight dtype (default f32 on cpu, bf16 elsewhere)")
+    return c
+
+
+def option_table(plan: ParallelPlan) -> list[Mapping[str, object]]:
+    """The options as plain dicts (for JSON and agents), per-kernel rows left out."""
+    return [
+        {k: v for k, v in dataclasses.asdict(o).items() if k != "prediction"} | {"step_s": o.step_s}
+        for o in plan.options
+    ]

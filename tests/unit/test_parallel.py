@@ -1,0 +1,185 @@
+"""Parallelism planning (polymorph/parallel.py): which TP/EP degrees are offered, what each is predicted
+to cost per device, and how bad input is refused. Predictions come from vendor figures (uncalibrated
+h200) or a fixed cpu calibration; nothing is timed."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from polymorph import parallel
+from polymorph.errors import UserError
+from polymorph.models.zoo import zoo_config
+
+# Lowering for cuda loads the Triton kernel files, so those tests need triton (the `cuda` extra).
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
+)
+
+CPU_CALIBRATION = """
+schema_version = 1
+profile = "cpu"
+[provenance]
+date = 2026-11-20
+device = "test cpu"
+driver = "6.0"
+commit = "abc1234"
+[provenance.toolchain]
+python = "3.11.7"
+[figures.memory_bandwidth]
+value = 20
+unit = "GB/s"
+method = "fixed test number"
+[peak.f32]
+value = 0.1
+unit = "TFLOP/s"
+method = "fixed test number"
+"""
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A calibration directory with no files: predictions from vendor figures only."""
+    return tmp_path_factory.mktemp("no-calibration")
+
+
+@pytest.fixture(scope="module")
+def llama_1b_on_two_h200(empty: Path) -> parallel.ParallelPlan:
+    return parallel.plan_parallel("llama-3.2-1b", 2, backend="cuda", target="h200", calibration_dir=empty)
+
+
+@needs_triton
+def test_llama_1b_on_two_h200_lists_tp1_and_tp2_with_memory_and_time(
+    llama_1b_on_two_h200: parallel.ParallelPlan,
+) -> None:
+    plan = llama_1b_on_two_h200
+    by_tp = {o.tp: o for o in plan.options}
+    assert sorted(by_tp) == [1, 2] and all(o.ep == 1 for o in plan.options)
+    tp1, tp2 = by_tp[1], by_tp[2]
+    assert tp1.replicas == 2 and tp2.replicas == 1
+    assert tp1.allreduce_s == 0.0 and tp2.allreduce_s is not None and tp2.allreduce_s > 0
+    # 32 all-reduces (2 per layer x 16 layers) in the TP=2 device's rows.
+    assert sum(k.pattern == "all_reduce" for k in tp2.prediction.kernels) == 32
+    assert 0 < tp2.compute_s < tp1.compute_s
+    assert tp2.step_s == pytest.approx(tp2.compute_s + tp2.allreduce_s)
+    # bf16 weights: about 2.5 GB on one device, more than half of that on each of two (lm_head replicated).
+    assert 2.4e9 < tp1.memory_bytes < 2.7e9
+    assert tp1.memory_bytes / 2 < tp2.memory_bytes < tp1.memory_bytes
+    assert tp1.capacity_bytes == 141e9 and tp1.fits and tp2.fits
+    assert sum(o.chosen for o in plan.options) == 1 and plan.choice is not None
+    assert plan.choice.step_s == min(o.step_s for o in plan.options)
+    assert plan.interconnect.startswith("900 GB/s")
+    assert plan.basis.startswith("uncalibrated")
+    table = parallel.option_table(plan)
+    assert [row["tp"] for row in table] == [1, 2] and "prediction" not in table[0]
+    assert json.loads(json.dumps(table))[1]["step_s"] == pytest.approx(tp2.step_s)
+
+
+@needs_triton
+def test_moe_lists_expert_parallel_options(empty: Path) -> None:
+    plan = parallel.plan_parallel(
+        "qwen3-moe-tiny", 2, backend="cuda", target="h200", batch=8, calibration_dir=empty
+    )
+    assert {(o.tp, o.ep) for o in plan.options} == {(1, 1), (2, 1), (2, 2)}
+    ep2 = next(o for o in plan.options if o.ep == 2)
+    assert "4 whole experts per device (EP=2)" in ep2.reasons[0] and ep2.step_s > 0 and ep2.memory_bytes > 0
+    # Under EP the expert weights are split whole: each device holds 4 of the 8 experts.
+    tp1 = next(o for o in plan.options if o.tp == 1)
+    assert ep2.memory_bytes < tp1.memory_bytes
+
+
+@needs_triton
+def test_expert_parallel_work_is_balanced_over_the_devices(empty: Path) -> None:
+    cfg = zoo_config("qwen3-moe-tiny")
+    device = parallel.device_config(cfg, 2, 2)
+    assert (device.num_experts, device.num_attention_heads, device.num_key_value_heads) == (4, 2, 1)
+    assert device.moe_intermediate_size == cfg.moe_intermediate_size  # whole experts
+    plan = parallel.plan_parallel(
+        "qwen3-moe-tiny", 2, backend="cuda", target="h200", batch=8, calibration_dir=empty
+    )
+    ep2 = next(o for o in plan.options if o.ep == 2)
+    tp2 = next(o for o in plan.options if (o.tp, o.ep) == (2, 1))
+    experts = [k for k in ep2.prediction.kernels if k.pattern == "moe_ffn"]
+    sharded = [k for k in tp2.prediction.kernels if k.pattern == "moe_ffn"]
+    assert len(experts) == len(sharded) == cfg.num_hidden_layers
+    # Same FLOPs per device either way: half the assignments at full width, or all at half width.
+    for e, s in zip(experts, sharded, strict=True):
+        assert e.flops == pytest.approx(s.flops)
+
+
+@needs_triton
+def test_a_tp_that_does_not_divide_the_heads_is_never_offered(empty: Path) -> None:
+    cfg = zoo_config("llama-tiny")  # 4 heads, 2 kv heads
+    plan = parallel.plan_parallel("llama-tiny", 8, backend="cuda", target="h200", calibration_dir=empty)
+    assert sorted(o.tp for o in plan.options) == [1, 2]
+    for o in plan.options:
+        assert cfg.num_attention_heads % o.tp == 0 and cfg.num_key_value_heads % o.tp == 0
+    assert {r.tp for r in plan.rejected} == {4, 8}
+    assert any(r.reason == "kv heads (2) do not divide by TP=4" for r in plan.rejected)
+
+
+@pytest.mark.parametrize("devices", [0, -2, True, 1.5])
+def test_bad_devices_is_a_user_error(devices: object) -> None:
+    with pytest.raises(UserError, match="--devices must be a positive whole number"):
+        parallel.plan_parallel("llama-tiny", devices, backend="cuda", target="h200")  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_the_cli_command_refuses_bad_devices_and_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="polymorph")
+    parallel.add_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["plan", "llama-tiny", "--backend", "cuda", "--devices", "0"])
+    with pytest.raises(UserError, match="--devices"):
+        args.fn(args)
+    args = parser.parse_args(
+        ["plan", "llama-tiny", "--backend", "cuda", "--target", "h200", "--devices", "2"]
+    )
+    assert args.fn(args) == 0
+    out = capsys.readouterr().out
+    assert "TP" in out and "memory/device" in out and "interconnect: 900 GB/s" in out
+
+
+@needs_triton
+def test_a_latency_target_filters_and_a_missed_target_is_explained(empty: Path) -> None:
+    plan = parallel.plan_parallel(
+        "llama-tiny", 2, backend="cuda", target="h200", latency_s=1e-9, calibration_dir=empty
+    )
+    assert plan.choice is None
+    assert all(o.meets_target is False and any("misses" in r for r in o.reasons) for o in plan.options)
+    loose = parallel.plan_parallel(
+        "llama-tiny", 2, backend="cuda", target="h200", latency_s=10.0, calibration_dir=empty
+    )
+    assert loose.choice is not None
+    assert loose.choice.tokens_per_s == max(o.tokens_per_s for o in loose.options)
+
+
+def test_without_an_interconnect_figure_the_all_reduce_is_unknown(tmp_path: Path) -> None:
+    (tmp_path / "cpu.toml").write_text(CPU_CALIBRATION)
+    plan = parallel.plan_parallel("llama-tiny", 2, backend="cpu", calibration_dir=tmp_path)
+    tp2 = next(o for o in plan.options if o.tp == 2)
+    assert tp2.allreduce_s is None and any("all-reduce time unknown" in r for r in tp2.reasons)
+    assert tp2.fits is None and tp2.capacity_bytes is None
+    assert plan.interconnect.startswith("unknown")
+
+
+def test_a_bad_latency_target_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="--latency-ms"):
+        parallel.plan_parallel("llama-tiny", 2, backend="cuda", target="h200", latency_s=-1.0)
+
+
+@needs_triton
+def test_a_traffic_file_picks_its_heaviest_bucket(empty: Path) -> None:
+    from polymorph.api import pick_bucket
+
+    traffic = Path(__file__).parents[2] / "examples" / "traffic" / "chat.toml"
+    want = pick_bucket(None, None, traffic)
+    plan = parallel.plan_parallel(
+        "llama-tiny", 2, backend="cuda", target="h200", traffic=traffic, calibration_dir=empty
+    )
+    assert (plan.batch, plan.ctx) == (want.batch, want.ctx)
+    with pytest.raises(UserError, match="either --traffic or --batch/--ctx"):
+        parallel.plan_parallel("llama-tiny", 2, backend="cuda", target="h200", traffic=traffic, batch=4)
