@@ -144,6 +144,7 @@ class KernelReport:
     bound: str | None
     measured_s: float | None = None
     note: str = ""
+    floor_s: float | None = None  # the roofline floor, where predicted_s is the cost model's
 
 
 @dataclass
@@ -158,6 +159,7 @@ class Report:
     prediction: str  # how predicted times were made, or why there are none
     artifacts: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    footprint: dict[str, float] | None = None  # weights, KV cache and peak activations at the bindings
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -88,4 +88,27 @@ def plan_report(
                 bound=bound,
             )
         )
-    return Report(plan.backend, plan.target, plan.profile, plan.model, bindings, kernels, total, prediction)
+    report = Report(plan.backend, plan.target, plan.profile, plan.model, bindings, kernels, total, prediction)
+    if not missing and total is not None:
+        _apply_cost_model(plan, profile, report)
+    return report
+
+
+def _apply_cost_model(plan: Plan, profile: Any, report: Report) -> None:
+    """Replace each kernel's floor by the cost model's prediction (calibrated efficiency curves plus
+    launch overhead, costmodel.py), keeping the floor beside it; the step adds the footprint."""
+    from polymorph.costmodel import predict
+
+    try:
+        pred = predict(plan, profile)
+    except UserError:
+        return  # the floor stands, with its own explanation
+    rows = {r.group: r for r in pred.kernels}
+    for k in report.kernels:
+        row = rows[k.group]
+        k.floor_s, k.predicted_s, k.bound = k.predicted_s, row.predicted_s, row.bound
+    report.predicted_step_s = pred.step_s
+    report.prediction = f"cost model: {pred.basis}"
+    fp = pred.footprint
+    report.footprint = {"weights_bytes": fp.weights_bytes, "kv_cache_bytes": fp.kv_cache_bytes,
+                        "activation_bytes": fp.activation_bytes, "method": fp.method}  # fmt: skip
