@@ -39,6 +39,7 @@ from polymorph.ir.ops import Cost
 from polymorph.ir.shapes import numel
 from polymorph.plan import Plan, PlanGroup
 from polymorph.predict import group_cost
+from polymorph.target import Target
 
 # Per-call overhead when nothing is measured: a GPU kernel launched from the host costs a few
 # microseconds (captured graphs cut it; a Python-driven cpu kernel costs about as much). An assumed
@@ -58,7 +59,8 @@ FOOTPRINT_METHOD = (
 @dataclass(frozen=True)
 class KernelRow:
     """One kernel call's prediction. `bound` is the term that set the time: memory, compute, overhead
-    (launch overhead above both), or interconnect (an all-reduce row of parallel.py)."""
+    (launch overhead above both), interconnect (an all-reduce row of parallel.py), or view (a reshape
+    the GPU runtime binds as a view of its input: no launch, no time)."""
 
     group: str
     pattern: str
@@ -117,6 +119,8 @@ class Prediction:
         ratios: dict[str, list[float]] = {}
         for group_id, seconds in measured.items():
             row = self.row(group_id)
+            if row.bound == "view":
+                raise UserError(f"`{group_id}` is a view of its input here: it has no launch to measure")
             if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
                 raise UserError(f"measured time of `{group_id}` must be a positive number of seconds")
             ratios.setdefault(row.pattern, []).append(math.log(seconds / (row.predicted_s / row.scale)))
@@ -268,7 +272,12 @@ def predict(
     types = graph.types()
     by_name = {n.name: n for n in graph.nodes}
     rows = []
+    gpu = Target.parse(plan.target).is_gpu
     for group in plan.groups:
+        if gpu and group.pattern == "reshape":  # the GPU runtime binds a reshape as a view: no launch
+            rows.append(KernelRow(group.id, group.pattern, 0.0, 0.0, _compute_dtype(group, types), 0.0, 0.0,
+                                  0.0, 0.0, "view"))  # fmt: skip
+            continue
         cost = (costs or {}).get(group.id) or group_cost(graph, group, types, bindings)
         ops = {by_name[n].op for n in group.nodes}
         rows.append(
