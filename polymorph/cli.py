@@ -437,6 +437,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         model=args.model, backend=args.backend or knobs.backend, target=args.target, traffic=args.traffic,
         batch=args.batch, ctx=args.ctx, budget_s=parse_budget(args.budget), workers=args.workers,
         out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
+        agent_command=args.agent_command, agent_endpoint=args.agent_endpoint, agent_model=args.agent_model,
+        agent_api_key=knobs.agent_api_key, agent_calls=args.agent_calls,
     )  # fmt: skip
     view = ProgressView()
     try:
@@ -569,6 +571,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--board", type=Path, help="message board SQLite file (default: OUT/board.sqlite)")
     c.add_argument("--registry", type=Path, help="champion registry (default: POLYMORPH_REGISTRY)")
     c.add_argument("--seed", type=int, default=0, help="the agents' seed")
+    c.add_argument("--agent-command", help="an external agent: a command given the prompt on stdin")
+    c.add_argument(
+        "--agent-endpoint",
+        help="an external agent: OpenAI-compatible base URL (key: POLYMORPH_AGENT_API_KEY)",
+    )
+    c.add_argument("--agent-model", default="", help="the model name sent to --agent-endpoint")
+    c.add_argument(
+        "--agent-calls", type=int, default=1, help="calls per op signature for each external agent"
+    )
     from polymorph.search.commands import add_commands
 
     add_commands(sub)

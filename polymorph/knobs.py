@@ -207,6 +207,15 @@ class StrKnob(Knob[str]):
         return self.parse(value)
 
 
+class SecretKnob(StrKnob):
+    """A credential: read like a string knob, never shown (listings print `set` or `unset`)."""
+
+    kind = "secret"
+
+    def format(self, value: str) -> str:
+        return "set"
+
+
 class PathKnob(Knob[Path]):
     """A filesystem path; `~` is expanded at access time. Existence is the reader's business."""
 
@@ -261,8 +270,13 @@ class Knobs:
         "cache for compiled artifacts, downloaded configs and candidate kernels",
     )
     backend = StrKnob("POLYMORPH_BACKEND", "cpu", "backend used when a command is given no --backend")
-    board = PathKnob("POLYMORPH_BOARD", "polymorph-board.sqlite", "message board SQLite file of the search loop")
+    board = PathKnob(
+        "POLYMORPH_BOARD", "polymorph-board.sqlite", "message board SQLite file of the search loop"
+    )
     registry = PathKnob("POLYMORPH_REGISTRY", "polymorph-registry.sqlite", "champion registry SQLite file")
+    agent_api_key = SecretKnob(
+        "POLYMORPH_AGENT_API_KEY", None, "bearer key for `tune --agent-endpoint` (an OpenAI-compatible API)"
+    )
     engine = StrKnob(
         "POLYMORPH_ENGINE",
         None,
@@ -333,7 +347,9 @@ class Knobs:
                     env=knob.env,
                     kind=knob.kind,
                     default=knob.default_text(),
-                    value=knob.value(self),
+                    value=("set" if knob.value(self) else "unset")
+                    if isinstance(knob, SecretKnob)
+                    else knob.value(self),
                     source=knob.source(self),
                     doc=knob.doc,
                 )

@@ -68,6 +68,11 @@ class TuneOptions:
     ab_trials: int = 10  # slow-tier trials per arm of the final A/B
     engine_budget_s: float = 30.0  # the most one engine call may take before the worker is replaced
     lease_s: float = 60.0  # a claim not renewed for this long is handed to another worker
+    agent_command: str | None = None  # an external agent: a command, prompt on stdin, kernel on stdout
+    agent_endpoint: str | None = None  # an external agent: an OpenAI-compatible base URL
+    agent_model: str = ""
+    agent_api_key: str | None = None
+    agent_calls: int = 1  # calls per op signature and bucket for each external agent
 
 
 @dataclass
@@ -99,6 +104,7 @@ class BucketResult:
     ab: dict[str, Any] = field(default_factory=dict)  # stock_s, tuned_s, speedup, trials, gate
     plan_dir: str = ""
     skipped: str = ""  # why the bucket was not tuned (its champions were all in the registry)
+    agent_errors: list[str] = field(default_factory=list)  # external agents' failed calls
     workers_started: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -193,7 +199,7 @@ def run_candidate(engine: Any, cand: Any, trials: int, sources: Path) -> tuple[b
     gates = gate_summary(gate)
     try:
         if not swap.ok:
-            return False, f"{swap.fault.kind}: {swap.fault.cause}" if swap.fault else "swap failed", {}, gates
+            return False, f"{swap.fault.stage}: {swap.fault.cause}" if swap.fault else "swap failed", {}, gates
         if gate is None or not gate.ok:
             return False, gate_cause(gate), {}, gates
         m = engine.measure("fast", trials, group)
@@ -227,7 +233,7 @@ def gate_cause(gate: Any) -> str:
         return "swap failed"
     if gate.faults:
         f = gate.faults[0]
-        return f"{f.kind}: {f.cause}"
+        return f"{f.stage}: {f.cause}"
     for g in getattr(gate, "gates", None) or ():
         if not g.ok:
             return f"{g.name}: {g.cause}"
@@ -372,7 +378,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
 
     for _ in range(opts.workers):
         start_worker()
-    schedule = Schedule(spaces.spaces, builtin_agents(opts.seed))
+    externals = _external_agents(opts, spaces.spaces, by_sig, artifact.report, profile)
+    schedule = Schedule(spaces.spaces, [*externals, *builtin_agents(opts.seed)])
     ab_reserve = min(0.25 * budget_s, 120.0)
     deadline = t0 + budget_s - ab_reserve
     try:
@@ -401,10 +408,44 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     for p, r in run.collect():
         _record(result, by_sig, stock_ids, run, p, r)
     board.close()
+    result.agent_errors = [e for a in externals for e in a.errors]
     _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
     result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
     result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
     return result
+
+
+def _external_agents(opts: TuneOptions, spaces: list[GroupSpace], by_sig: dict, report: Any,
+                     profile: str) -> list[Any]:  # fmt: skip
+    """The external agents the options name, each told the chip's figures and each space's measured
+    stock time and roofline floor as the run learns them."""
+    from polymorph.hw import load_profile
+    from polymorph.search.external import CommandAgent, EndpointAgent
+
+    prof = load_profile(profile)
+    figures = []
+    for label, value in (
+        ("memory bandwidth", prof.memory_bandwidth()),
+        ("bf16 peak", prof.peak_flops("bf16")),
+    ):
+        if value:
+            figures.append(f"{label} {value / 1e12:.3g} {'TB/s' if 'bandwidth' in label else 'TFLOP/s'}")
+    floors = {k.group: k.floor_s if k.floor_s is not None else k.predicted_s for k in report.kernels}
+
+    def context_of(space: GroupSpace) -> dict[str, Any]:
+        return {"backend": opts.backend, "target": profile, "profile": ", ".join(figures) or "no figures",
+                "stock_s": by_sig[space.signature].stock_s, "floor_s": floors.get(space.group)}  # fmt: skip
+
+    sources = opts.out / "sources"
+    agents: list[Any] = []
+    if opts.agent_command:
+        agents.append(
+            CommandAgent("command", sources, context_of, opts.agent_calls, command=opts.agent_command)
+        )
+    if opts.agent_endpoint:
+        agents.append(EndpointAgent("endpoint", sources, context_of, opts.agent_calls, base_url=opts.agent_endpoint,
+                                    model=opts.agent_model, api_key=opts.agent_api_key))  # fmt: skip
+    return agents
 
 
 def _source_file(out: Path, source: str) -> Path:

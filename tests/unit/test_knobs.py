@@ -36,6 +36,7 @@ def test_every_requested_variable_is_a_knob() -> None:
         "POLYMORPH_BACKEND",
         "POLYMORPH_BOARD",
         "POLYMORPH_REGISTRY",
+        "POLYMORPH_AGENT_API_KEY",
         "POLYMORPH_ENGINE",
         "POLYMORPH_SEED",
         "POLYMORPH_KV_BLOCK_SIZE",

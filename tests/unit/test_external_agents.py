@@ -1,0 +1,152 @@
+"""External agents: the prompt they get, how their answers are read, a command and an
+OpenAI-compatible endpoint (a local fake server) proposing kernel files, and a short tune in which the
+endpoint's kernel goes through the board and every gate like any other candidate."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from polymorph.errors import UserError
+from polymorph.kernel_files import kernels_root
+from polymorph.search.agents import GroupSpace, Outcome, candidate_key
+from polymorph.search.external import CommandAgent, EndpointAgent, build_prompt, parse_answer
+
+KERNEL = '''"""linear as one torch.mm into the output buffer (an external agent's candidate)."""
+import torch
+
+IMPLEMENTS = ("linear",)
+CONFIGS = [{"chunk": 0}]
+
+
+def supports(spec):
+    node = spec.single
+    return len(spec.nodes) == 1 and len(node.inputs) == 2 and spec.types[node.outputs[0]].dtype.is_float
+
+
+def build(spec, config, target):
+    x_i, w_i = spec.args(spec.single)
+
+    def launch(inputs, outputs, scratch):
+        x, w = inputs[x_i], inputs[w_i]
+        outputs[0].copy_((x.reshape(-1, x.shape[-1]) @ w.t()).reshape(outputs[0].shape))
+
+    return launch
+'''
+ANSWER = f'Fuse the reshape into one GEMM call.\n```python\n{KERNEL}```\nCONFIG: {{"chunk": 0}}\n'
+LINEAR = kernels_root() / "torch" / "linear.py"
+
+
+def _space() -> GroupSpace:
+    return GroupSpace(signature="linear(f32[batch,1,64],f32[256,64])->(f32[batch,1,256])", group="lm_head",
+                      groups=("lm_head",), pattern="linear", stock_kernel=LINEAR,
+                      stock_config={"weight_layout": "nk"}, configs=[{"weight_layout": "nk"}], share=0.2)  # fmt: skip
+
+
+def test_answers_are_parsed_or_refused_in_one_line() -> None:
+    source, config, reasoning = parse_answer(ANSWER)
+    assert (
+        "def build" in source
+        and config == {"chunk": 0}
+        and reasoning == "Fuse the reshape into one GEMM call."
+    )
+    assert parse_answer(KERNEL)[0] == KERNEL  # a bare file is taken too
+    with pytest.raises(UserError, match="no kernel file"):
+        parse_answer("I would try a larger tile.")
+    with pytest.raises(UserError, match="CONFIG line is not JSON"):
+        parse_answer(f"```python\n{KERNEL}```\nCONFIG: {{nope}}\n")
+
+
+def test_prompt_quotes_the_op_the_chip_the_gap_and_the_best_source() -> None:
+    ctx = {"backend": "cpu", "target": "cpu", "profile": "memory bandwidth 0.02 TB/s", "stock_s": 8e-6,
+           "floor_s": 2e-6, "results": ["linear.py {}: 8.00 us"]}  # fmt: skip
+    prompt = build_prompt(_space(), ctx, (LINEAR, {"weight_layout": "nk"}))
+    for needle in ("lm_head", "linear(f32[batch,1,64]", "memory bandwidth 0.02 TB/s", "8.00 us", "25%",
+                   "IMPLEMENTS", LINEAR.read_text().strip()[:200]):  # fmt: skip
+        assert needle in prompt, needle
+
+
+class _Fake(BaseHTTPRequestHandler):
+    seen: list[dict] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Fake.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+        prompt = body["messages"][0]["content"]
+        content = ANSWER if "Pattern: linear;" in prompt else "I have no kernel for this pattern."
+        reply = {"choices": [{"message": {"role": "assistant", "content": content}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = HTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Fake.seen.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_endpoint_agent_proposes_the_served_kernel(endpoint: str, tmp_path: Path) -> None:
+    agent = EndpointAgent("endpoint", tmp_path, model="fake-coder", api_key="k-123", base_url=endpoint)
+    (p,) = agent.propose(_space(), {}, 1)
+    assert p.kernel.read_text() == KERNEL and p.config == {"chunk": 0} and p.agent == "endpoint"
+    assert "one GEMM" in p.reasoning
+    (req,) = _Fake.seen
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer k-123"
+    assert req["body"]["model"] == "fake-coder" and "lm_head" in req["body"]["messages"][0]["content"]
+    assert agent.propose(_space(), {}, 1) == []  # one call per space and round
+
+
+def test_endpoint_failures_are_kept_not_raised(tmp_path: Path) -> None:
+    agent = EndpointAgent("endpoint", tmp_path, base_url="http://127.0.0.1:9/v1", timeout_s=2)
+    assert agent.propose(_space(), {}, 1) == []
+    assert len(agent.errors) == 1 and "unreachable" in agent.errors[0]
+
+
+def test_command_agent_reads_the_prompt_and_answers(tmp_path: Path) -> None:
+    script = tmp_path / "agent.py"
+    answer = tmp_path / "answer.txt"
+    answer.write_text(ANSWER)
+    script.write_text(
+        "import sys\nprompt = sys.stdin.read()\nassert 'lm_head' in prompt\n"
+        f"sys.stdout.write(open({str(answer)!r}).read())\n"
+    )
+    agent = CommandAgent("command", tmp_path / "src", command=f"{sys.executable} {script}")
+    tried = {candidate_key(_space().signature, LINEAR, {"weight_layout": "nk"}): Outcome(True, 8e-6)}
+    (p,) = agent.propose(_space(), tried, 1)
+    assert p.kernel.read_text() == KERNEL
+    bad = CommandAgent("command", tmp_path, command="polymorph-no-such-agent")
+    assert bad.propose(_space(), {}, 1) == [] and "not found" in bad.errors[0]
+
+
+@pytest.mark.slow
+def test_tune_measures_an_endpoint_candidate_through_every_gate(endpoint: str, tmp_path: Path) -> None:
+    from polymorph.search.board import Board
+    from polymorph.search.tune import TuneOptions, tune
+
+    report = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=tmp_path, trials=3, ab_trials=3,
+                              agent_endpoint=endpoint, agent_model="fake-coder"))  # fmt: skip
+    errors = report.buckets[0].agent_errors
+    assert errors and all("no kernel file" in e for e in errors)  # the patterns it had no answer for
+    board = Board(tmp_path / "board.sqlite")
+    mine = [c for c in board.candidates() if c.agent == "endpoint"]
+    board.close()
+    assert mine, "the endpoint's kernel never reached the board"
+    done = [c for c in mine if c.state == "done"]
+    assert done and all(c.result.ok for c in done), [c.result for c in done]
+    assert {"numerics", "quality"} <= set(done[0].result.gates)
