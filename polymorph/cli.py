@@ -126,23 +126,32 @@ def cmd_microbench(args: argparse.Namespace) -> int:
     from polymorph.hw import default_calibration_dir
     from polymorph.knobs import knobs
 
-    if args.backend != "cpu":
-        raise UserError(
-            f"microbenchmarks for `{args.backend}` are not built yet (README status table); "
-            "`polymorph microbench --backend cpu` calibrates the host"
-        )
-    from polymorph.backends.cpu.microbench import run_suite, write_calibration
-
     out = Path(args.out) if args.out else knobs.calibration_dir or default_calibration_dir()
     if out is None:
         raise UserError("no calibration directory here; pass --out DIR or set POLYMORPH_CALIBRATION_DIR")
-    results = run_suite()
+    if args.backend == "cpu":
+        from polymorph.backends.cpu.microbench import run_suite, write_calibration
+
+        results = run_suite(quick=args.quick)
+        written = write_calibration(out, results)
+    elif args.backend in ("cuda", "rocm"):
+        from polymorph.backend import registry
+        from polymorph.backends.gpu import microbench
+
+        target = args.target or registry.get(args.backend).targets[0]
+        results = microbench.run_suite(target, quick=args.quick)
+        written = microbench.write_calibration(out, target, results)
+    else:
+        raise UserError(
+            f"microbenchmarks for `{args.backend}` are not built (README status table); "
+            "cpu, cuda and rocm have them"
+        )
     console.table(
-        "cpu microbenchmarks",
+        f"{args.backend} microbenchmarks",
         ["figure", "value", "method"],
         [(m.name, f"{m.value:.4g} {m.unit}", m.method) for m in results],
     )
-    console.line(f"wrote {write_calibration(out, results)}")
+    console.line(f"wrote {written}")
     return 0
 
 
@@ -517,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
         "microbench", cmd_microbench, "measure this machine and write a calibration file for its profile"
     )
     c.add_argument("--backend", default="cpu")
+    c.add_argument("--target", help="the GPU's profile id (default: the backend's first, e.g. h200)")
+    c.add_argument("--quick", action="store_true", help="fewer sizes, shapes and trials (a smoke test)")
     c.add_argument(
         "--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)"
     )

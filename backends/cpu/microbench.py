@@ -13,25 +13,25 @@ the spread (max - min) / median of those trials. Small calls are timed in a loop
 trial so that the clock's own cost does not count. Curve points are net of the call overhead (see
 `_net_seconds`): the cost model adds the overhead once per kernel, so the curves must not hold it too.
 `quick=True` runs fewer sizes, shapes and trials (a few seconds; what tests use).
+
+The rows (Measurement, CurveMeasurement, SuiteResult) and the file writer are polymorph/microbench.py's,
+shared with the GPU suite (backends/gpu/microbench.py); this module adds the host's provenance.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
-import statistics
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from polymorph import microbench
 from polymorph.errors import UserError
+from polymorph.microbench import KIB, MIB, CurveMeasurement, Measurement, SuiteResult, Timing, net_seconds
 
-KIB, MIB = 1 << 10, 1 << 20
 BANDWIDTH_SIZES = (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 QUICK_BANDWIDTH_SIZES = (64 * KIB, 1 * MIB, 16 * MIB)
 MATMUL_ROWS = (1, 4, 16, 64)  # M: decode batch sizes
@@ -40,57 +40,7 @@ QUICK_MATMUL_ROWS = (1, 16)
 QUICK_MATMUL_WIDTHS = (256, 1024)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 _MIN_TRIAL_S = 1e-3  # calls shorter than this are looped within one trial
-
-
-@dataclass(frozen=True)
-class Measurement:
-    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_overhead`, or `curves.<name>` (a summary row)
-    value: float
-    unit: str
-    method: str
-    note: str | None = None
-
-
-@dataclass(frozen=True)
-class Timing:
-    seconds: float  # median per call
-    spread: float  # (max - min) / median over the trials
-
-
-@dataclass(frozen=True)
-class CurveMeasurement:
-    """One curve as the calibration file stores it: `keys` are bytes, or [M, K, N] for matmul curves."""
-
-    name: str  # a polymorph.hw.CURVES key
-    unit: str
-    method: str
-    keys: tuple[int | tuple[int, int, int], ...]
-    values: tuple[float, ...]
-    spreads: tuple[float, ...]
-
-    def summary(self) -> Measurement:
-        best = max(range(len(self.values)), key=lambda i: self.values[i])
-        return Measurement(
-            f"curves.{self.name}",
-            self.values[best],
-            self.unit,
-            f"best of {len(self.values)} points, at {_describe_key(self.keys[best])}",
-        )
-
-
-@dataclass(frozen=True)
-class SuiteResult:
-    """What `run_suite` measured. Iterating yields one row per figure and per curve (what
-    `polymorph microbench` prints); `write_calibration` writes all of it."""
-
-    figures: list[Measurement]
-    launch_overhead: Measurement
-    curves: list[CurveMeasurement] = field(default_factory=list)
-
-    def __iter__(self) -> Iterator[Measurement]:
-        yield from self.figures
-        yield self.launch_overhead
-        yield from (c.summary() for c in self.curves)
+COMMAND = "polymorph microbench --backend cpu"
 
 
 def time_call(fn: Callable[[], object], trials: int, warmup: int = 2) -> Timing:
@@ -107,14 +57,7 @@ def time_call(fn: Callable[[], object], trials: int, warmup: int = 2) -> Timing:
         for _ in range(loops):
             fn()
         times.append((time.perf_counter_ns() - t0) * 1e-9 / loops)
-    median = statistics.median(times)
-    return Timing(median, (max(times) - min(times)) / median)
-
-
-def _net_seconds(timing: Timing, overhead_s: float) -> float:
-    """A call's time without the per-call overhead. Floored at half the measured time: a call barely
-    longer than the overhead has an uncertain net time, and a rate must not come out unbounded."""
-    return max(timing.seconds - overhead_s, timing.seconds / 2)
+    return Timing.of(times)
 
 
 def launch_overhead(trials: int = 9) -> Measurement:
@@ -139,7 +82,7 @@ def read_bandwidth(sizes: Sequence[int], overhead_s: float, trials: int) -> Curv
         "GB/s",
         f"torch.sum over a f32 buffer, bytes read / (median of {trials} - call overhead), {_threads()}",
         tuple(sizes),
-        tuple(n / _net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
+        tuple(n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
         tuple(t.spread for t in timings),
     )
 
@@ -156,7 +99,7 @@ def copy_bandwidth(sizes: Sequence[int], overhead_s: float, trials: int) -> Curv
         f"torch copy_ of a f32 buffer of the size, reads plus writes / (median of {trials} - call "
         f"overhead), {_threads()}",
         tuple(sizes),
-        tuple(2 * n / _net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
+        tuple(2 * n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
         tuple(t.spread for t in timings),
     )
 
@@ -172,7 +115,7 @@ def matmul_curve(
             x = torch.randn(m, width).to(dtype)  # [M, K]
             t = time_call(lambda x=x, w=w: torch.nn.functional.linear(x, w), trials)
             shapes.append((m, width, width))
-            values.append(2.0 * m * width * width / _net_seconds(t, overhead_s) / 1e12)
+            values.append(2.0 * m * width * width / net_seconds(t, overhead_s) / 1e12)
             spreads.append(t.spread)
     return CurveMeasurement(
         f"matmul.{key}",
@@ -243,28 +186,6 @@ def _threads() -> str:
     return f"{n} thread" + ("s" if n > 1 else "")
 
 
-def _describe_key(key: int | tuple[int, int, int]) -> str:
-    if isinstance(key, tuple):
-        return "M={} K={} N={}".format(*key)
-    return f"{key / MIB:g} MiB" if key >= MIB else f"{key / KIB:g} KiB"
-
-
-def _commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _device_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -275,63 +196,39 @@ def _device_name() -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def _figure_lines(m: Measurement) -> list[str]:
-    lines = ["", f"[{m.name}]", f"value = {m.value:.6g}", f'unit = "{m.unit}"', f'method = "{m.method}"']
-    return lines + ([f'note = "{m.note}"'] if m.note else [])
-
-
-def _curve_lines(c: CurveMeasurement) -> list[str]:
-    by = "shapes" if c.name.startswith("matmul.") else "bytes"
-    keys = ", ".join(f"[{k[0]}, {k[1]}, {k[2]}]" if isinstance(k, tuple) else str(k) for k in c.keys)
-    return [
-        "",
-        f"[curves.{c.name}]",
-        f'unit = "{c.unit}"',
-        f'method = "{c.method}"',
-        f"{by} = [{keys}]",
-        "values = [" + ", ".join(f"{v:.6g}" for v in c.values) + "]",
-        "spreads = [" + ", ".join(f"{s:.3g}" for s in c.spreads) + "]",
-    ]
-
-
-def calibration_toml(results: SuiteResult | Sequence[Measurement]) -> str:
+def _toolchain() -> dict[str, str]:
     import numpy
 
     from polymorph import __version__
 
-    lines = [
-        "# Written by `polymorph microbench --backend cpu`; see hwprofiles/measured/README.md.",
-        "schema_version = 1",
-        'profile = "cpu"',
-        "",
-        "[provenance]",
-        f'date = "{datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}"',
-        f'device = "{_device_name()}"',
-        f'driver = "{platform.release()}"',
-        f'commit = "{_commit()}"',
-        'command = "polymorph microbench --backend cpu"',
-        "",
-        "[provenance.toolchain]",
-        f'python = "{platform.python_version()}"',
-        f'torch = "{torch.__version__}"',
-        f'numpy = "{numpy.__version__}"',
-        f'polymorph = "{__version__}"',
-    ]
-    if isinstance(results, SuiteResult):
-        for m in [*results.figures, results.launch_overhead]:
-            lines += _figure_lines(m)
-        for c in results.curves:
-            lines += _curve_lines(c)
-    else:
-        for m in results:
-            lines += _figure_lines(m)
-    return "\n".join(lines) + "\n"
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "polymorph": __version__,
+    }
+
+
+def calibration_toml(results: SuiteResult | Sequence[Measurement]) -> str:
+    """The host's calibration file for the `cpu` profile (polymorph.microbench.calibration_toml)."""
+    return microbench.calibration_toml(
+        results,
+        profile="cpu",
+        device=_device_name(),
+        driver=platform.release(),
+        toolchain=_toolchain(),
+        command=COMMAND,
+    )
 
 
 def write_calibration(calibration_dir: Path, results: SuiteResult | Sequence[Measurement]) -> Path:
-    calibration_dir.mkdir(parents=True, exist_ok=True)
-    path = calibration_dir / "cpu.toml"
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(calibration_toml(results))
-    tmp.replace(path)  # never leave a half-written calibration behind
-    return path
+    """Write `<calibration_dir>/cpu.toml` atomically; returns its path."""
+    return microbench.write_calibration(
+        calibration_dir,
+        "cpu",
+        results,
+        device=_device_name(),
+        driver=platform.release(),
+        toolchain=_toolchain(),
+        command=COMMAND,
+    )
