@@ -384,7 +384,15 @@ def cmd_engine_swap(args: argparse.Namespace) -> int:
     if not gate.ok:
         fault = gate.faults[0]
         raise CheckFailed(f"{args.kernel} rejected at {fault.stage}: {fault.cause}; the stock kernel is back")
-    console.line(f"numerics gate passed over {len(gate.steps)} teacher-forced steps; the candidate stays in")
+    console.table(
+        f"gates of {args.kernel} in {args.group}", ["gate", "verdict", "what it found"],
+        [(g.name, g.verdict, g.cause) for g in gate.gates],
+    )  # fmt: skip
+    m = gate.measurement or {}
+    console.line(
+        f"every gate passed; fast tier {console.seconds(m.get('median_s'))} (spread "
+        f"{console.seconds(m.get('spread_s'))}, {m.get('trials', '-')} trials); the candidate stays in"
+    )
     return 0
 
 

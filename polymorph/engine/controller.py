@@ -5,12 +5,18 @@
         swap = engine.swap("layers.0.mlp.down+residual", "my_linear_residual.py")
         gate = engine.verify()            # rejected candidates are swapped back to the stock kernel
         timing = engine.measure("slow", trials=20)
+        swap, report = engine.try_candidate("layers.0.attn.o+residual", "my_linear_residual.py")
 
 It starts the worker (`python -m polymorph.engine.worker`) as a subprocess, holds the reference engine
 (`polymorph.session.ReferenceExecutable`) and compares: the gate for swapped candidates is the
 teacher-forced logits of the whole model, with the candidates in place and every output poisoned,
 against the reference on fresh random tokens (the scenario of `polymorph.verify.numerics`). The worker
 only ever receives token ids and returns logits. NaN never passes.
+
+`try_candidate` is the full path for a candidate: swap, every gate of `polymorph.engine.gates`
+(numerics of the group on fresh random inputs, KV-cache isolation, whole-model quality, honesty), and
+only then the timing, cross-checked against the host's wall clock and the profile's roofline. Each
+gate's outcome is in the returned report, and each failure in `Controller.faults`.
 
 Faults cost the candidate, not the engine: a candidate that raises at build or at run is recorded
 (`Controller.faults`) with its cause and swapped out; a worker that dies, or does not answer within
@@ -30,23 +36,27 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from polymorph.engine import protocol
 from polymorph.errors import UserError
+from polymorph.hw import Profile
 from polymorph.ir.dtypes import DType
 from polymorph.session import ReferenceExecutable
 from polymorph.tolerance import Tolerance, model_tolerance
-from polymorph.verify.numerics import StepCheck, judge, reference_scenario
+from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, reference_scenario
+
+if TYPE_CHECKING:
+    from polymorph.engine.gates import GateReport
 
 
 class EngineError(UserError):
     """The engine itself (not a candidate) failed: the worker would not start, or answered nonsense."""
 
 
-class _WorkerLost(Exception):
+class WorkerLost(Exception):
     """The worker died or did not answer in time; `how` is "hang" or "crash"."""
 
     def __init__(self, how: str, detail: str) -> None:
@@ -56,7 +66,8 @@ class _WorkerLost(Exception):
 
 @dataclass(frozen=True)
 class Fault:
-    """One candidate's failure. stage: build, run, numerics, hang or crash."""
+    """One candidate's failure. stage: build, run, numerics, hang, crash, or the name of the gate
+    of `polymorph.engine.gates` that rejected it (`honesty.input_dependence`, `timing.roofline`...)."""
 
     group: str
     kernel: str
@@ -103,6 +114,13 @@ class _Worker:
         if self.stderr_path is None or not self.stderr_path.exists():
             return ""
         return self.stderr_path.read_text(errors="replace")[-chars:]
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 def _connect(address: str, timeout: float) -> tuple[socket.socket, Any]:
@@ -187,19 +205,44 @@ def start_detached(
     return address, proc.pid
 
 
+def scenario_ctx(steps: list[ScenarioStep]) -> int:
+    """The longest context any sequence of `steps` reaches."""
+    length: dict[int, int] = {}
+    for step in steps:
+        for seq in step.seqs:
+            length[seq] = length.get(seq, 0) + int(step.tokens.shape[1])
+    return max(length.values())
+
+
 class Controller:
     """Drives one worker; holds the reference engine, the fault record and the accepted candidates."""
 
-    def __init__(self, *, budget_s: float = 30.0, load_budget_s: float = 600.0, unix: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        budget_s: float = 30.0,
+        load_budget_s: float = 600.0,
+        unix: bool = False,
+        standby: int = 1,
+    ) -> None:
         self.budget_s = budget_s  # the most a swap, verify or measure may take before the worker is replaced
         self.load_budget_s = load_budget_s
         self.unix = unix
+        # Worker processes started ahead, their imports done, that replace a lost worker: a restart
+        # then costs a load, not a Python and torch start-up. They hold no model (and no device
+        # context) until one is used. `standby` is how many to keep (0: none).
+        self.standby = standby
+        self._standby: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._launches = 0
         self.faults: list[Fault] = []
         self.restarts = 0
         self.accepted: dict[str, tuple[str, dict[str, Any] | None]] = {}  # passed the gate
         self.pending: dict[str, tuple[str, dict[str, Any] | None]] = {}  # swapped in, not yet gated
         self.load_args: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
+        # The roofline the timing gate holds measurements to; None: the loaded plan's profile, with
+        # the calibration POLYMORPH_CALIBRATION_DIR points at (read when a gate needs it).
+        self.profile: Profile | None = None
         self._worker: _Worker | None = None
         self._next_id = 0
         self._model: Any = None
@@ -222,11 +265,12 @@ class Controller:
         block_size: int | None = None,
         budget_s: float = 30.0,
         unix: bool = False,
+        standby: int = 1,
     ) -> Controller:
         """Start a worker and load `model` into it (weights, KV cache and stock kernels, once)."""
-        engine = cls(budget_s=budget_s, unix=unix)
+        engine = cls(budget_s=budget_s, unix=unix, standby=standby)
         try:
-            engine._spawn()
+            engine._spawn(backend)
             engine.load(
                 model,
                 backend,
@@ -237,6 +281,7 @@ class Controller:
                 dtype=dtype,
                 block_size=block_size,
             )
+            engine._launch_standby()
         except BaseException:
             engine.close()
             raise
@@ -252,7 +297,7 @@ class Controller:
         status = engine.status()
         if not status.get("loaded"):
             raise EngineError(f"the engine at {address} has no model loaded")
-        engine.loaded = status
+        engine.loaded = {**status, "groups": status["plan"]}
         engine.load_args = {
             "model": status["model"],
             "dtype": status["dtype"],
@@ -271,25 +316,43 @@ class Controller:
         w = self._alive()
         return w.proc.pid if w.proc is not None else None
 
-    def _spawn(self) -> None:
-        cmd = [sys.executable, "-m", "polymorph.engine.worker", "--watch-stdin"]
-        if self.unix:
-            cmd += ["--unix", os.path.join(self._tmp.name, f"worker-{self.restarts}.sock")]
-        else:
-            cmd += ["--port", "0"]
+    def _launch(self, backend: str) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start a worker process (its imports done before it prints its address); no model yet."""
         from polymorph.knobs import knobs
 
-        stderr_path = Path(self._tmp.name) / f"worker-{self.restarts}.stderr"
+        n = self._launches
+        self._launches += 1
+        cmd = [sys.executable, "-m", "polymorph.engine.worker", "--watch-stdin", "--preload", backend]
+        if self.unix:
+            cmd += ["--unix", os.path.join(self._tmp.name, f"worker-{n}.sock")]
+        else:
+            cmd += ["--port", "0"]
+        stderr_path = Path(self._tmp.name) / f"worker-{n}.stderr"
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=knobs.child_environ()
             )
+        return proc, stderr_path
+
+    def _launch_standby(self) -> None:
+        while len(self._standby) < self.standby:
+            self._standby.append(self._launch(self.load_args.get("backend") or "cpu"))
+
+    def _spawn(self, backend: str = "cpu") -> None:
+        """Connect to a new worker: the oldest live standby, else a process started now."""
+        standby = None
+        while self._standby and standby is None:
+            standby = self._standby.pop(0)
+            if standby[0].poll() is not None:  # it died waiting
+                _reap(standby[0])
+                standby = None
+        proc, stderr_path = standby or self._launch(backend)
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 60.0)
         line = proc.stdout.readline().decode().strip() if ready else ""
         if not line:
             proc.kill()
-            proc.wait()
+            _reap(proc)
             tail = stderr_path.read_text(errors="replace")[-1000:]
             raise EngineError(f"the engine worker did not start: {tail or 'no address printed within 60 s'}")
         sock, reader = _connect(line, self.budget_s)
@@ -307,10 +370,14 @@ class Controller:
         if w.proc is not None:
             if w.proc.poll() is None:
                 w.proc.kill()
-            w.proc.wait()
-            for pipe in (w.proc.stdin, w.proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+            _reap(w.proc)
+
+    def _kill_standby(self) -> None:
+        standby, self._standby = self._standby, []
+        for proc, _ in standby:
+            if proc.poll() is None:
+                proc.kill()
+            _reap(proc)
 
     def _restart(self, blamed: Collection[str] = ()) -> None:
         """A fresh worker with the same model and every candidate but the blamed groups' (those that
@@ -323,10 +390,11 @@ class Controller:
         for group in blamed:
             self.pending.pop(group, None)
             self.accepted.pop(group, None)
-        self._spawn()
+        self._spawn(self.load_args.get("backend") or "cpu")
         self._call("load", self.load_budget_s, **self.load_args)
         for group, (path, config) in [*self.accepted.items(), *self.pending.items()]:
             self._call("swap", self.budget_s, group=group, path=path, config=config)
+        self._launch_standby()
 
     def shutdown(self) -> None:
         """Stop the worker and wait for it; leaves no process behind."""
@@ -334,7 +402,7 @@ class Controller:
         if w is not None:
             try:
                 self._call("shutdown", 10.0)
-            except (_WorkerLost, EngineError, OSError):
+            except (WorkerLost, EngineError, OSError):
                 pass
             if w.proc is not None:
                 try:
@@ -342,6 +410,7 @@ class Controller:
                 except subprocess.TimeoutExpired:
                     pass
         self._kill()
+        self._kill_standby()
 
     def close(self) -> None:
         """Stop a worker this controller started; only disconnect from an attached one."""
@@ -349,6 +418,7 @@ class Controller:
             self._kill()
         else:
             self.shutdown()
+        self._kill_standby()
         self._tmp.cleanup()
 
     def __enter__(self) -> Controller:
@@ -360,6 +430,8 @@ class Controller:
     def __del__(self) -> None:
         if getattr(self, "_worker", None) is not None and self._worker.proc is not None:
             self._kill()
+        if getattr(self, "_standby", None):
+            self._kill_standby()
 
     # --- the wire ------------------------------------------------------------------------------------
 
@@ -379,12 +451,17 @@ class Controller:
             w.sock.sendall(protocol.encode(protocol.request(rid, op, **fields)))
             line = w.reader.readline()
         except TimeoutError:
-            raise _WorkerLost("hang", f"no answer to `{op}` within {timeout:g} s") from None
+            raise WorkerLost("hang", f"no answer to `{op}` within {timeout:g} s") from None
         except OSError as e:
-            raise _WorkerLost("crash", f"connection lost during `{op}`: {e}") from None
+            raise WorkerLost("crash", f"connection lost during `{op}`: {e}") from None
         if not line:
-            code = w.proc.poll() if w.proc is not None else None
-            raise _WorkerLost(
+            code = None
+            if w.proc is not None:
+                try:
+                    code = w.proc.wait(timeout=2.0)  # the socket closes a moment before the exit code
+                except subprocess.TimeoutExpired:
+                    pass
+            raise WorkerLost(
                 "crash", f"the worker died during `{op}` (exit code {code}) {w.stderr_tail(500)}"
             )
         response = protocol.decode(line)
@@ -399,12 +476,22 @@ class Controller:
             raise UserError(err["message"])
         raise EngineError(f"engine error ({err['kind']}) on `{op}`: {err['message']}")
 
-    def _lost(self, lost: _WorkerLost, blame: dict[str, str]) -> list[Fault]:
+    def _lost(self, lost: WorkerLost, blame: dict[str, str]) -> list[Fault]:
         """Record the fault against the candidates in `blame` (group -> kernel), then restart."""
         faults = [Fault(g, k, lost.how, str(lost)) for g, k in blame.items()]
         self.faults += faults
         self._restart(set(blame))
         return faults
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request that runs candidate code (the gates' wire): the result, the candidate's error
+        under `__error__`, or WorkerLost for the caller to record against the candidate."""
+        return self._call(op, self.budget_s, **fields)
+
+    def replace_worker(self, blamed: Collection[str]) -> None:
+        """A fresh worker without the blamed groups' candidates: for a worker lost to a candidate, or
+        one that still answers but can no longer be trusted (a candidate patched its timer)."""
+        self._restart(blamed)
 
     def _call_engine(self, op: str, **fields: Any) -> dict[str, Any]:
         """A request that runs no new candidate code (status, reset, restore). If the worker is lost
@@ -412,7 +499,7 @@ class Controller:
         worker is replaced and the request is sent once more."""
         try:
             return self._call(op, self.budget_s, **fields)
-        except _WorkerLost as lost:
+        except WorkerLost as lost:
             self._lost(lost, {g: p for g, (p, _) in self.pending.items()})
             return self._call(op, self.budget_s, **fields)
 
@@ -459,6 +546,45 @@ class Controller:
     def groups(self) -> list[str]:
         return list(self.status()["groups"])
 
+    @property
+    def graph(self) -> Any:
+        assert self._model is not None
+        return self._model.graph
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's weights as the reference holds them (the worker holds its own copy)."""
+        assert self._reference is not None
+        return self._reference.weights
+
+    @property
+    def vocab(self) -> int:
+        return int(self.graph.params["model.embed_tokens.weight"].shape[0])
+
+    def plan_group(self, group: str) -> dict[str, Any]:
+        """{id, pattern, kernel, nodes, inputs, outputs} of a group of the loaded plan."""
+        for g in self.loaded["groups"]:
+            if g["id"] == group:
+                return g
+        raise UserError(f"no node group `{group}` in this plan")
+
+    def gate_profile(self) -> Profile:
+        if self.profile is None:
+            from polymorph.hw import load_profile
+            from polymorph.knobs import knobs
+
+            self.profile = load_profile(self.loaded["profile"], knobs.calibration_dir)
+        return self.profile
+
+    def scenario(
+        self, prompt_lens: tuple[int, ...] = (7, 3), decode_steps: int = 4, seed: int | None = None
+    ) -> list[ScenarioStep]:
+        """The teacher-forced scenario with the reference's logits (`polymorph.verify.numerics`)."""
+        assert self._reference is not None
+        return reference_scenario(
+            self._reference, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
+        )
+
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).
         It counts only after `verify` passes; a build failure is recorded and the stock kernel stays."""
@@ -466,7 +592,7 @@ class Controller:
         t0 = time.perf_counter()
         try:
             r = self._call("swap", self.budget_s, group=group, path=path, config=config)
-        except _WorkerLost as lost:
+        except WorkerLost as lost:
             (fault,) = self._lost(lost, {group: path})
             return SwapResult(group, path, False, round_trip_s=time.perf_counter() - t0, fault=fault)
         rtt = time.perf_counter() - t0
@@ -495,7 +621,6 @@ class Controller:
         """The numerics gate for the candidates swapped in since the last verify (all of them, or
         `group` only when given): teacher-forced logits of the whole model against the reference.
         On failure the candidates under test are swapped back to the stock kernel and recorded."""
-        assert self._model is not None and self._reference is not None
         under_test = (
             dict(self.pending)
             if group is None
@@ -503,35 +628,15 @@ class Controller:
             if group in self.pending
             else {}
         )
-        graph = self._model.graph
-        dtype = DType.parse(graph.meta.get("dtype", "f32"))
-        tol = model_tolerance(dtype)
-        scenario = reference_scenario(
-            self._reference, graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
-        )
-        steps = [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
+        scenario = self.scenario(prompt_lens, decode_steps, seed)
         blame = {g: p for g, (p, _) in under_test.items()}
         try:
-            r = self._call(
-                "verify",
-                self.budget_s,
-                steps=steps,
-                max_ctx=max(prompt_lens) + decode_steps,
-                group=group,
-            )
-        except _WorkerLost as lost:
-            result = GateResult(tol, list(under_test))
+            result, _ = self.judge_scenario(scenario, blame, group=group)
+        except WorkerLost as lost:
+            result = GateResult(model_tolerance(self._dtype()), list(under_test))
             result.faults = self._lost(lost, blame)
             return result
-        got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
-        if "failed_step" in r:
-            got = [*got[: r["failed_step"]], str(r["cause"])]
-        elif len(got) != len(scenario):
-            raise EngineError(f"the engine returned {len(got)} steps of logits for {len(scenario)}")
-        judged = judge(scenario, got, dtype, tol)
-        result = GateResult(tol, list(under_test), steps=judged.steps)
-        if "failed_step" in r:
-            result.faults = [Fault(g, p, "run", r["cause"]) for g, p in blame.items()]
+        result.groups = list(under_test)
         if result.ok:
             for g in under_test:
                 self.accepted[g] = self.pending.pop(g)
@@ -545,14 +650,47 @@ class Controller:
             self.restore(g)
         return result
 
+    def _dtype(self) -> DType:
+        return DType.parse(self.graph.meta.get("dtype", "f32"))
+
+    def judge_scenario(
+        self, scenario: list[ScenarioStep], blame: dict[str, str], *, group: str | None = None
+    ) -> tuple[GateResult, dict[str, Any]]:
+        """Run `scenario` in the worker (fresh cache, outputs poisoned) and judge its logits against
+        the reference's; no swap back, no record. Also the worker's raw answer (`guard_nonzero`...).
+        WorkerLost propagates to the caller, who knows whom to blame."""
+        dtype = self._dtype()
+        tol = model_tolerance(dtype)
+        steps = [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
+        r = self._call("verify", self.budget_s, steps=steps, max_ctx=scenario_ctx(scenario), group=group)
+        got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
+        if "failed_step" in r:
+            got = [*got[: r["failed_step"]], str(r["cause"])]
+        elif len(got) != len(scenario):
+            raise EngineError(f"the engine returned {len(got)} steps of logits for {len(scenario)}")
+        result = GateResult(tol, list(blame), steps=judge(scenario, got, dtype, tol).steps)
+        if "failed_step" in r:
+            result.faults = [Fault(g, p, "run", r["cause"]) for g, p in blame.items()]
+        return result, r
+
     def try_candidate(
         self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None
-    ) -> tuple[SwapResult, GateResult | None]:
-        """Swap, then gate: the candidate stays in only when both pass."""
+    ) -> tuple[SwapResult, GateReport | None]:
+        """Swap, run every gate of `polymorph.engine.gates` (each outcome recorded in the report, each
+        failure in `faults`), and only then measure the group (fast tier) with the timing gates. The
+        candidate stays in only when all pass; the report's `measurement` is the timing that counts."""
+        from polymorph.engine.gates import run_gates
+
         swap = self.swap(group, path, config)
         if not swap.ok:
             return swap, None
-        return swap, self.verify(group, seed=seed)
+        report = run_gates(self, group, swap.kernel, config, seed=seed)
+        self.faults += report.faults
+        if report.ok:
+            self.accepted[group] = self.pending.pop(group)
+        elif group in self.pending:  # still in the worker (a lost worker came back without it)
+            self.restore(group)
+        return swap, report
 
     def measure(self, tier: str = "fast", trials: int = 20, group: str | None = None) -> dict[str, Any]:
         """Time the engine as it stands (tier "slow": whole decode steps at the loaded bucket; "fast":
@@ -560,7 +698,7 @@ class Controller:
         worker replaced; the result then carries `fault`."""
         try:
             return self._call("measure", self.budget_s, tier=tier, trials=trials, group=group)
-        except _WorkerLost as lost:
+        except WorkerLost as lost:
             # Which one hung is unknown (an accepted candidate may hang only at the bucket's shapes):
             # every candidate in place takes the blame and none is re-applied.
             blame = {g: p for g, (p, _) in {**self.accepted, **self.pending}.items()}

@@ -16,32 +16,49 @@ Ops (fields after the op name; every field not marked required has a default):
             target (the backend's first chip), batch, ctx, traffic (a traffic TOML; not with
             batch/ctx), dtype, block_size.
             Loads weights, allocates the KV cache once and builds every stock kernel.
-            -> {model, backend, target, graph_hash, groups: [{id, pattern, kernel}], load_s}
+            -> {model, backend, target, graph_hash, dtype, block_size, bucket: {batch, ctx}, bindings,
+                profile, groups: [{id, pattern, kernel, nodes, inputs, outputs}], load_s}
   swap      group (required), path (required: a kernel file), config (the file's first config).
             `path: null` puts the stock kernel back. Loads the file as a fresh module, builds it for
             the group's spec and swaps the launch in; weights and KV cache stay as they are.
             -> {group, sha256, build_s, swap_s}
   verify    steps (required: [{"seqs": [...], "tokens": int32 [len(seqs), S]}]), batch, max_ctx,
-            group (informational: the group under test, or null for all).
-            Runs the steps teacher-forced by the caller on a zeroed cache with outputs poisoned
-            (NaN before every kernel); returns the logits of each step. The worker never sees
-            the expected logits: the controller compares.
-            -> {logits: [array per step]}; a step that raises ends the list, with
-               {failed_step, cause} added.
+            group (informational: the group under test, or null for all), fresh (true).
+            Runs the steps teacher-forced by the caller with outputs poisoned (NaN before every
+            kernel); returns the logits of each step. fresh: on a zeroed cache with new sequences;
+            false: on the cache and sequences the previous verify left (across a swap: blocks
+            written by one kernel, decoded by the next; an error after load, measure or reset).
+            The worker never sees the expected logits: the controller compares.
+            -> {logits: [array per step], guard_nonzero: elements of the guard block (block 0 of
+               every cache tensor) that are not zero after the steps}; a step that raises ends the
+               list, with {failed_step, cause} added.
+  run_group group (required), inputs (required: one array per group input, in the group's input
+            order; null for a weight: the engine's own weight tensor is used), bindings (required: {symbol: int} for the output shapes), fill ("nan" or a
+            number: what the fresh output buffers hold before the launch), stock (false: run the
+            stock kernel instead of the one swapped in), settle_s (0: wait this long after the
+            launch returned and report which outputs changed meanwhile).
+            Runs that one group's launch alone (cpu so far). A group output that is a cache
+            written in place is the input cache tensor itself, not a fresh buffer.
+            -> {outputs: [array per group output, copied the moment the launch returned],
+                checksums_before, checksums_after: [hex digest per input, around the launch],
+                in_place: [input indices written in place by design], late: [bool per output]}
   measure   tier ("fast" | "slow"), trials (20), group (fast tier: the group to time; null: all).
             slow: whole decode steps at the loaded bucket (batch, ctx), fresh tokens for every call,
             the cache restored afterwards. fast: each group's launch alone on one step's inputs.
-            Times with the backend's timer (cpu: the host's perf_counter_ns).
-            -> {tier, timer, median_s, spread_s (max - min), trials} (slow)
-               {tier, timer, groups: {id: {median_s, spread_s}}, trials} (fast)
+            Times with the backend's timer (cpu: the host's perf_counter_ns; `timer` says
+            "(replaced by a candidate)" when a candidate swapped in since the last swap replaced it:
+            every swap puts the host's clock back before it builds).
+            -> {tier, timer, median_s, spread_s (max - min), total_s (sum of trials), trials} (slow)
+               {tier, timer, groups: {id: {median_s, spread_s, total_s}}, bindings, trials} (fast)
   status    -> {pid, loaded, model, backend, target, graph_hash, weight_loads, cache_allocations,
-                swaps, groups: {id: {kernel, sha256, candidate}}}
+                swaps, groups: {id: {kernel, sha256, candidate}}, plan: [as `load`'s groups]}
   reset     stock kernel back in every group, cache zeroed. -> {restored: [group ids]}
   shutdown  answers {} and the worker exits.
 
 Error kinds: `bad_request` (malformed or unknown op), `not_loaded`, `user` (a UserError: bad model,
 unknown group...), `candidate_build` (the candidate failed to import, does not support the group, or
-raised in build), `candidate_run` (raised while running steps), `internal` (a worker bug).
+raised in build), `candidate_run` (raised while running steps or `run_group`), `internal` (a worker
+bug).
 """
 
 from __future__ import annotations
@@ -52,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-OPS = ("load", "swap", "verify", "measure", "status", "reset", "shutdown")
+OPS = ("load", "swap", "verify", "run_group", "measure", "status", "reset", "shutdown")
 ERROR_KINDS = ("bad_request", "not_loaded", "user", "candidate_build", "candidate_run", "internal")
 TIERS = ("fast", "slow")
 

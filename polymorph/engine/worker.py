@@ -1,22 +1,26 @@
 """The engine worker: one persistent process per device that runs candidate code.
 
-    python -m polymorph.engine.worker [--port 0 | --unix PATH] [--watch-stdin]
+    python -m polymorph.engine.worker [--port 0 | --unix PATH] [--watch-stdin] [--preload BACKEND]
 
 It prints its address as the first line of stdout, then serves the JSON-lines protocol of
 `polymorph.engine.protocol`, one connection at a time. It holds the loaded executable (weights and
 KV cache, allocated once per `load`) and swaps candidate kernels into it: `load_kernel` on the
 candidate's path (a fresh module every time) -> `build(spec, config, target)` -> `executable.swap`.
-It never holds reference outputs: `verify` returns the logits of the steps it is given and the
-controller compares them. A candidate that raises is reported with its cause and the worker goes on;
+It never holds reference outputs: `verify` returns the logits of the steps it is given, `run_group`
+the outputs of one group on the controller's inputs (with input checksums around the launch), and
+the controller compares them (`polymorph.engine.gates`). A candidate that raises is reported with its cause and the worker goes on;
 a candidate that hangs or kills the process is the controller's to handle (it restarts the worker).
 
 With --watch-stdin the worker exits when its stdin closes, so it never outlives the controller that
-started it (a detached engine, started by `polymorph engine start`, runs without it).
+started it (a detached engine, started by `polymorph engine start`, runs without it). With --preload
+it does the backend's slow imports before printing its address: the controller keeps such a standby
+worker to replace a lost one quickly.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import socket
 import sys
@@ -32,8 +36,9 @@ import numpy as np
 from polymorph.backend import Artifact, Executable, registry
 from polymorph.engine import protocol
 from polymorph.errors import UserError
+from polymorph.ir.shapes import concrete
 from polymorph.kernel_files import KernelSpec, Launch, load_choice, load_kernel
-from polymorph.kvcache import PagedKVCache
+from polymorph.kvcache import GUARD_BLOCK, PagedKVCache
 from polymorph.lowering import kernel_spec
 from polymorph.plan import PlanGroup
 from polymorph.target import Target
@@ -42,6 +47,12 @@ from polymorph.target import Target
 # allocated at load, whatever the bucket: the cache is never reallocated for it.
 VERIFY_BATCH = 4
 VERIFY_CTX = 64
+
+# The host clock as the worker found it. A candidate may replace `time.perf_counter_ns` (the timer
+# `measure` reads); every swap puts this one back before it builds, so such a patch lives only as
+# long as the candidate that made it, and `measure` says whether it is in force. The controller's
+# wall-clock cross-check is what catches it; this only tells it whom to blame.
+_HOST_CLOCK = time.perf_counter_ns
 
 
 class CandidateError(Exception):
@@ -71,6 +82,9 @@ class Worker:
         self.bucket = (1, 1)  # (batch, ctx) of the slow tier
         self.current: dict[str, dict[str, Any]] = {}  # group id -> {kernel, sha256, candidate}
         self.stock: dict[str, Launch] = {}  # stock launches, built on first restore
+        self.plan_groups: list[dict[str, Any]] = []  # what the controller needs to gate a group
+        self.verify_cache: PagedKVCache | None = None  # the sequences of the last verify (fresh=false)
+        self.types: dict[str, Any] | None = None  # the plan graph's value types, once per load
         self.stop = False
 
     # --- dispatch ------------------------------------------------------------------------------------
@@ -122,6 +136,8 @@ class Worker:
         self.exe, self.artifact = exe, artifact
         self.bucket = (batch, ctx_blocks * self.block_size)
         self.stock.clear()
+        self.verify_cache = None
+        self.types = None
         self.current = {
             g.id: {"kernel": g.kernel.file, "sha256": g.kernel.sha256, "candidate": False}
             for g in artifact.plan.groups
@@ -134,9 +150,21 @@ class Worker:
             "dtype": str(model.graph.meta.get("dtype", "f32")),
             "block_size": self.block_size,
             "bucket": {"batch": batch, "ctx": self.bucket[1]},
+            "bindings": dict(bindings),
+            "profile": artifact.plan.profile,
         }
-        groups = [{"id": g.id, "pattern": g.pattern, "kernel": g.kernel.file} for g in artifact.plan.groups]
-        return {**self.info, "groups": groups, "load_s": time.perf_counter() - t0}
+        self.plan_groups = [
+            {
+                "id": g.id,
+                "pattern": g.pattern,
+                "kernel": g.kernel.file,
+                "nodes": list(g.nodes),
+                "inputs": list(g.inputs),
+                "outputs": list(g.outputs),
+            }
+            for g in artifact.plan.groups
+        ]
+        return {**self.info, "groups": self.plan_groups, "load_s": time.perf_counter() - t0}
 
     def op_swap(self, m: dict[str, Any]) -> dict[str, Any]:
         group = self._group(m["group"])
@@ -144,6 +172,7 @@ class Worker:
             raise UserError(
                 f"backend `{self.info['backend']}` cannot hot-swap kernels (no Feature.HOT_RELOAD)"
             )
+        time.perf_counter_ns = _HOST_CLOCK  # whatever an earlier candidate did to it
         path = m.get("path")
         if path is None:
             t0 = time.perf_counter()
@@ -196,7 +225,13 @@ class Worker:
     def op_verify(self, m: dict[str, Any]) -> dict[str, Any]:
         steps = m["steps"]
         max_ctx = int(m.get("max_ctx", VERIFY_CTX))
-        cache = self._fresh_cache(max_ctx)
+        if m.get("fresh", True):
+            self.verify_cache = self._fresh_cache(max_ctx)
+        elif self.verify_cache is None:
+            raise UserError(
+                "`verify` with fresh=false needs an earlier verify since the last load, measure or reset"
+            )
+        cache = self.verify_cache
         exe = self.exe
         poison = getattr(exe, "poison", None)
         if poison is not None:
@@ -211,12 +246,79 @@ class Worker:
                 try:
                     out = exe.run(inputs)["logits"]  # type: ignore[union-attr]
                 except Exception as e:  # the candidate raised mid-step
-                    return {"logits": logits, "failed_step": i, "cause": _cause(e)}
+                    return {
+                        "logits": logits,
+                        "failed_step": i,
+                        "cause": _cause(e),
+                        "guard_nonzero": self._guard_nonzero(),
+                    }
                 logits.append(np.asarray(out))
         finally:
             if poison is not None:
                 exe.poison = poison  # type: ignore[union-attr]
-        return {"logits": logits}
+        return {"logits": logits, "guard_nonzero": self._guard_nonzero()}
+
+    def op_run_group(self, m: dict[str, Any]) -> dict[str, Any]:
+        """One group's launch alone on the caller's inputs, into fresh output buffers prefilled with
+        `fill`; outputs copied the moment the launch returns (cpu executable)."""
+        import torch
+
+        from polymorph.backends.torch_bridge import TORCH_DTYPE, to_numpy, to_torch
+
+        if self.info["backend"] != "cpu":
+            raise UserError(f"`run_group` is built for cpu only so far, not {self.info['backend']}")
+        group = self._group(m["group"])
+        arrays = m["inputs"]
+        if len(arrays) != len(group.inputs):
+            raise ValueError(f"group `{group.id}` takes {len(group.inputs)} inputs, got {len(arrays)}")
+        params = getattr(self.exe, "params", {})
+        for v, a in zip(group.inputs, arrays, strict=True):
+            if a is None and v not in params:
+                raise ValueError(f"input `{v}` of group `{group.id}` is not a weight: send its values")
+        bindings = {str(k): int(v) for k, v in m["bindings"].items()}
+        launch = self._stock_launch(group) if m.get("stock") else self._current_launch(group)
+        fill = m.get("fill", "nan")
+        graph = self.artifact.plan.graph  # type: ignore[union-attr]
+        types = self._types()
+        producer = {v: n for n in graph.nodes if n.name in group.nodes for v in n.outputs}
+        alias = getattr(self.exe, "alias", {})
+        # Weights are the engine's own persistent tensors (a kernel may prepack them once); every
+        # other input is a copy in the worker's own memory, never the wire buffer.
+        ins = [
+            params[v] if a is None else to_torch(np.asarray(a)).clone() for v, a in zip(group.inputs, arrays)
+        ]
+        outs: list[Any] = []
+        in_place: list[int] = []
+        for v in group.outputs:
+            if v in alias:  # a cache write: its output is the cache tensor it was given, written in place
+                i = group.inputs.index(producer[v].inputs[0])
+                outs.append(ins[i])
+                in_place.append(i)
+                continue
+            t = types[v]
+            out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype])
+            out.fill_(_fill_value(fill, t.dtype.is_float))
+            outs.append(out)
+        before = [_checksum(to_numpy(x)) for x in ins]
+        try:
+            with torch.inference_mode():
+                launch(ins, outs, None)
+        except Exception as e:  # the candidate raised
+            raise CandidateError("candidate_run", f"group `{group.id}` raised {_cause(e)}") from None
+        got = [to_numpy(o).copy() for o in outs]  # as they were when the launch returned
+        after = [_checksum(to_numpy(x)) for x in ins]
+        late: list[bool] = []
+        settle_s = float(m.get("settle_s", 0.0))
+        if settle_s > 0:
+            time.sleep(settle_s)
+            late = [to_numpy(o).tobytes() != g.tobytes() for o, g in zip(outs, got, strict=True)]
+        return {
+            "outputs": got,
+            "checksums_before": before,
+            "checksums_after": after,
+            "in_place": in_place,
+            "late": late,
+        }
 
     def op_measure(self, m: dict[str, Any]) -> dict[str, Any]:
         tier = m.get("tier", "fast")
@@ -224,6 +326,7 @@ class Worker:
         if tier not in protocol.TIERS or trials < 1:
             raise ValueError(f"tier must be one of {protocol.TIERS} and trials >= 1")
         batch, ctx = self.bucket
+        self.verify_cache = None
         cache = self._fresh_cache(ctx)
         seqs = list(range(batch))
         for s in seqs:
@@ -238,6 +341,8 @@ class Worker:
             return {"tokens": tokens, "positions": positions, "block_table": table}
 
         timer = "host perf_counter_ns"
+        if time.perf_counter_ns is not _HOST_CLOCK:
+            timer += " (replaced by a candidate)"
         saved = self._save_state()
         try:
             if tier == "slow":
@@ -246,8 +351,8 @@ class Worker:
             if self.info["backend"] != "cpu":
                 # GpuExecutable.time_groups (device events) is the path there; not wired up yet.
                 raise UserError(f"the fast tier is built for cpu only so far, not {self.info['backend']}")
-            groups = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
-            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups}
+            groups, bindings = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
+            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups, "bindings": bindings}
         finally:
             self._restore_state(saved)
 
@@ -260,6 +365,7 @@ class Worker:
             "cache_allocations": self.cache_allocations,
             "swaps": self.swaps,
             "groups": self.current,
+            "plan": self.plan_groups,
         }
 
     def op_reset(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -268,6 +374,7 @@ class Worker:
             if entry["candidate"]:
                 self.op_swap({"group": gid, "path": None})
                 restored.append(gid)
+        self.verify_cache = None
         self._zero_state()
         return {"restored": restored}
 
@@ -282,6 +389,17 @@ class Worker:
             if g.id == group_id:
                 return g
         raise UserError(f"no node group `{group_id}` in this plan")
+
+    def _types(self) -> dict[str, Any]:
+        if self.types is None:
+            self.types = self.artifact.plan.graph.types()  # type: ignore[union-attr]
+        return self.types
+
+    def _current_launch(self, group: PlanGroup) -> Launch:
+        for g, launch in self.exe.launches:  # type: ignore[union-attr]
+            if g.id == group.id:
+                return launch
+        raise UserError(f"no node group `{group.id}` in this executable")
 
     def _stock_launch(self, group: PlanGroup) -> Launch:
         if group.id not in self.stock:
@@ -313,6 +431,10 @@ class Worker:
             )
         self._zero_state()
         return PagedKVCache(self.block_size, self.cache_blocks, ctx_blocks)
+
+    def _guard_nonzero(self) -> int:
+        """Elements of the guard block, over every cache tensor, that are not zero (NaN counts)."""
+        return sum(int((t[GUARD_BLOCK] != 0).sum()) for t in getattr(self.exe, "state", {}).values())
 
     def _zero_state(self) -> None:
         for t in getattr(self.exe, "state", {}).values():
@@ -348,13 +470,28 @@ def _time(fn: Any, trials: int, sync: Any, warmup: int = 2) -> list[float]:
 
 
 def _stats(times: list[float]) -> dict[str, float]:
-    return {"median_s": float(np.median(times)), "spread_s": float(max(times) - min(times))}
+    return {
+        "median_s": float(np.median(times)),
+        "spread_s": float(max(times) - min(times)),
+        "total_s": float(sum(times)),  # the controller checks it against its own wall clock
+    }
+
+
+def _checksum(arr: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:24]
+
+
+def _fill_value(fill: Any, is_float: bool) -> float:
+    if fill == "nan":
+        return float("nan") if is_float else -(2**30)
+    return float(fill) if is_float else int(fill)
 
 
 def _time_groups(
     exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None, sync: Any
-) -> dict:
-    """Each group's launch alone, on the inputs one step of `inputs` gives it (cpu executable)."""
+) -> tuple[dict, dict[str, int]]:
+    """Each group's launch alone, on the inputs one step of `inputs` gives it (cpu executable); also
+    the symbol bindings of that step (the controller's roofline check needs the shapes)."""
     import torch
 
     from polymorph.backends.torch_bridge import IR_DTYPE, to_torch
@@ -375,7 +512,7 @@ def _time_groups(
             env.update(zip(group.outputs, outs, strict=True))
     if only is not None and only not in out:
         raise UserError(f"no node group `{only}` in this plan")
-    return out
+    return out, {k: int(v) for k, v in bindings.items()}
 
 
 # --- the process -------------------------------------------------------------------------------------
@@ -404,13 +541,30 @@ def _watch_stdin() -> None:
     os._exit(0)
 
 
+def _preload(backend: str) -> None:
+    """Do the slow imports (torch, the compile path) before the address is printed, so that a worker
+    started ahead of need answers `load` at once. A failure here is left for `load` to report."""
+    import importlib
+
+    for module in ("polymorph.api", "polymorph.models", f"polymorph.backends.{backend}.runtime"):
+        try:
+            importlib.import_module(module)
+        except Exception:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m polymorph.engine.worker", description=__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
     where.add_argument("--unix", type=Path, help="a unix socket path instead of TCP")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    p.add_argument(
+        "--preload", metavar="BACKEND", help="import the backend's runtime before serving (a standby worker)"
+    )
     args = p.parse_args(argv)
+    if args.preload:
+        _preload(args.preload)
     if args.unix is not None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         args.unix.unlink(missing_ok=True)

@@ -1,0 +1,24 @@
+"""Adversarial candidate: right answer, but it uses its activation input as scratch space."""
+
+import torch
+
+IMPLEMENTS = "linear+residual"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return True
+
+
+def build(spec, config, target):
+    lin, add = spec.node("linear"), spec.node("add")
+    x_i, w_i = spec.args(lin)
+    r_i = spec.inputs.index(next(v for v in add.inputs if v != lin.outputs[0]))
+
+    def launch(inputs, outputs, scratch):
+        x, w, r = inputs[x_i], inputs[w_i], inputs[r_i]
+        out = torch.addmm(r.reshape(-1, r.shape[-1]), x.reshape(-1, x.shape[-1]), w.t())
+        outputs[0].copy_(out.reshape(outputs[0].shape))
+        x.zero_()  # "nobody reads it again"
+
+    return launch

@@ -1,0 +1,374 @@
+"""The gates of `polymorph.engine.gates` on the cpu backend, with llama-tiny in a real worker: what an
+honest candidate passes (every pattern of the plan), what each KV and timing gate rejects, and the
+`run_group` op the numerics and honesty gates stand on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polymorph.engine import gates
+from polymorph.engine.controller import Controller
+from polymorph.engine.worker import Worker
+from polymorph.hw import load_profile
+from polymorph.kernel_files import kernels_root
+from polymorph.models import load_model
+from polymorph.reference import run as reference_run
+
+GROUP = "layers.0.mlp.down+residual"
+
+# Writes its keys or values, and also scribbles over the guard block that padded table entries name.
+KV_WRITE_INTO_GUARD = """
+IMPLEMENTS = "kv_write"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return len(spec.nodes) == 1
+
+
+def build(spec, config, target):
+    cache_i, x_i, table_i, pos_i = spec.args(spec.single)
+
+    def launch(inputs, outputs, scratch):
+        cache = outputs[0]
+        pos = inputs[pos_i].long()
+        blocks = inputs[table_i].long().gather(1, pos // cache.shape[1])
+        cache[blocks, pos % cache.shape[1]] = inputs[x_i].to(cache.dtype)
+        cache[0, 0] = inputs[x_i].reshape(-1, *cache.shape[2:])[-1]
+
+    return launch
+"""
+
+# Attends every row of the batch over the first sequence's blocks: right alone, wrong interleaved.
+ATTENTION_FIRST_TABLE = """
+import torch
+
+IMPLEMENTS = "cache_attention"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return len(spec.nodes) == 1
+
+
+def build(spec, config, target):
+    args = spec.args(spec.single)
+    scale = spec.attrs()["scale"]
+
+    def launch(inputs, outputs, scratch):
+        q, kc, vc, table, pos = (inputs[i] for i in args)
+        b, blocks = table.shape
+        _, block_size, hkv, d = kc.shape
+        table = table.long()[:1].expand(b, blocks)
+        k = kc[table].reshape(b, blocks * block_size, hkv, d).float()
+        v = vc[table].reshape(b, blocks * block_size, hkv, d).float()
+        visible = torch.arange(blocks * block_size)[None, None, :] <= pos.long()[:, :, None]
+        rep = q.shape[2] // hkv
+        qh = q.float().transpose(1, 2)
+        kh = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+        vh = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+        scores = (qh @ kh.transpose(-1, -2)) * scale
+        out = scores.masked_fill(~visible[:, None], float("-inf")).softmax(-1) @ vh
+        outputs[0].copy_(out.transpose(1, 2))
+
+    return launch
+"""
+
+
+@pytest.fixture(scope="module")
+def running() -> Controller:
+    with Controller.start("llama-tiny", backend="cpu", budget_s=20.0) as engine:
+        yield engine
+
+
+@pytest.fixture
+def engine(running: Controller) -> Controller:
+    running.reset()
+    running.profile = None
+    return running
+
+
+def copy_of(kernel: str, tmp_path: Path) -> Path:
+    """An agent's copy of a stock kernel: the same code under a different file hash."""
+    path = tmp_path / f"copy_{Path(kernel).stem}.py"
+    shutil.copyfile(kernels_root() / kernel, path)
+    with path.open("a") as f:
+        f.write("\n# an agent's copy\n")
+    return path
+
+
+def write(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def calibration(tmp_path: Path, bandwidth_gbs: float, f32_tflops: float) -> Path:
+    folder = tmp_path / "measured"
+    folder.mkdir()
+    (folder / "cpu.toml").write_text(
+        f"""schema_version = 1
+profile = "cpu"
+
+[provenance]
+date = 2026-11-30
+device = "test host"
+driver = "test"
+commit = "test"
+
+[provenance.toolchain]
+python = "3.11"
+
+[figures.memory_bandwidth]
+value = {bandwidth_gbs}
+unit = "GB/s"
+method = "set by the test"
+
+[peak.f32]
+value = {f32_tflops}
+unit = "TFLOP/s"
+method = "set by the test"
+"""
+    )
+    return folder
+
+
+def test_every_pattern_of_the_plan_passes_with_its_stock_code(engine: Controller, tmp_path: Path) -> None:
+    by_pattern = {g["pattern"]: g for g in reversed(engine.loaded["groups"])}
+    faults = len(engine.faults)
+    for pattern, group in by_pattern.items():
+        swap, report = engine.try_candidate(group["id"], copy_of(group["kernel"], tmp_path), seed=5)
+        assert swap.ok and report is not None, pattern
+        assert report.ok, (pattern, report.failed())
+        assert [g.name for g in report.gates] == [
+            *gates.GROUP_GATES,
+            *gates.MODEL_GATES,
+            *gates.TIMING_GATES,
+        ]
+        # Every gate ran here (cpu has no roofline figures until calibrated: that one is skipped).
+        assert {g.name for g in report.gates if g.verdict != "pass"} == {gates.ROOFLINE}, pattern
+        assert report.measurement is not None and report.measurement["median_s"] > 0
+        assert engine.accepted[group["id"]][0] == str(swap.kernel)
+    assert engine.faults[faults:] == []
+    status = engine.status()
+    assert all(status["groups"][g["id"]]["candidate"] for g in by_pattern.values())
+    assert status["weight_loads"] == 1 and status["cache_allocations"] == 1
+
+
+def test_guard_block_write_is_rejected(engine: Controller, tmp_path: Path) -> None:
+    group = "layers.0.attn.k_write"
+    stock = engine.status()["groups"][group]
+    _, report = engine.try_candidate(group, write(tmp_path, "kv_guard", KV_WRITE_INTO_GUARD), seed=6)
+    assert report is not None and not report.ok
+    kv = report.gate(gates.KV_ISOLATION)
+    assert kv.verdict == "fail" and "guard block written" in kv.cause
+    assert ("kv_isolation", group) in {(f.stage, f.group) for f in engine.faults}
+    assert engine.status()["groups"][group] == stock
+
+
+def test_interleaved_sequences_must_decode_as_they_do_alone(engine: Controller, tmp_path: Path) -> None:
+    group = "layers.1.attn.sdpa"
+    _, report = engine.try_candidate(group, write(tmp_path, "first_table", ATTENTION_FIRST_TABLE), seed=7)
+    assert report is not None and not report.ok
+    kv = report.gate(gates.KV_ISOLATION)
+    assert kv.verdict == "fail" and "differently alone than in the batch" in kv.cause
+    assert report.gate(gates.QUALITY).verdict == "fail"  # the reference sees it too
+    assert not engine.status()["groups"][group]["candidate"]
+
+
+@pytest.mark.parametrize(
+    ("bandwidth_gbs", "tflops", "verdict"),
+    [
+        pytest.param(1e-6, 1e-9, "fail", id="figures-far-below-the-measured-time"),
+        pytest.param(1e5, 1e3, "pass", id="generous-figures"),
+    ],
+)
+def test_roofline_holds_the_measured_time_to_the_profile(
+    engine: Controller, tmp_path: Path, bandwidth_gbs: float, tflops: float, verdict: str
+) -> None:
+    engine.profile = load_profile("cpu", calibration(tmp_path, bandwidth_gbs, tflops))
+    _, report = engine.try_candidate(GROUP, copy_of("torch/linear_residual.py", tmp_path), seed=8)
+    assert report is not None
+    roofline = report.gate(gates.ROOFLINE)
+    assert roofline.verdict == verdict, roofline.cause
+    if verdict == "fail":
+        assert roofline.cause.startswith("impossible:") and "GB/s" in roofline.cause
+        assert report.measurement is None and not engine.status()["groups"][GROUP]["candidate"]
+    else:
+        assert report.ok and report.measurement is not None
+
+
+def test_run_group_runs_one_group_on_the_callers_inputs() -> None:
+    worker = Worker()
+    loaded = worker.handle({"id": 1, "op": "load", "model": "llama-tiny"})["result"]
+    info = {g["id"]: g for g in loaded["groups"]}
+    model = load_model("llama-tiny")
+    weights = model.weights()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 128)).astype(np.float32)
+    r = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    w = weights["model.layers.0.mlp.down_proj.weight"]
+    assert info[GROUP]["inputs"][1] == "model.layers.0.mlp.down_proj.weight"
+    request = {
+        "id": 2,
+        "op": "run_group",
+        "group": GROUP,
+        "inputs": [x, w, r],
+        "bindings": {"batch": 2, "seq": 3},
+    }
+    out = worker.handle(request)["result"]
+    np.testing.assert_allclose(out["outputs"][0], r + x @ w.T, rtol=1e-5, atol=1e-5)
+    assert out["checksums_before"] == out["checksums_after"] and out["in_place"] == [] and out["late"] == []
+
+    # A cache write: its output is the cache it was given, written in place and reported so.
+    write_group = info["layers.0.attn.k_write"]
+    cache = np.zeros((3, 16, 2, 16), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 2, 16)).astype(np.float32)
+    table = np.array([[2]], dtype=np.int32)
+    positions = np.array([[4, 5]], dtype=np.int32)
+    inputs = [cache, k, table, positions]
+    assert write_group["inputs"][0] == "layers.0.k_cache"
+    bindings = {"batch": 1, "seq": 2, "ctx_blocks": 1, "cache_blocks": 3}
+    out = worker.handle(
+        {"id": 3, "op": "run_group", "group": write_group["id"], "inputs": inputs, "bindings": bindings}
+    )
+    result = out["result"]
+    want = cache.copy()
+    want[2, 4:6] = k[0]
+    np.testing.assert_array_equal(result["outputs"][0], want)
+    assert result["in_place"] == [0] and result["checksums_before"][0] != result["checksums_after"][0]
+    assert result["checksums_before"][1:] == result["checksums_after"][1:]
+
+
+def test_verify_continues_a_cache_only_after_a_verify() -> None:
+    worker = Worker()
+    worker.handle({"id": 1, "op": "load", "model": "llama-tiny"})
+    model = load_model("llama-tiny")
+    step = {"seqs": [0], "tokens": np.array([[1, 2, 3]], dtype=np.int32)}
+    refused = worker.handle({"id": 2, "op": "verify", "steps": [step], "fresh": False})
+    assert refused["error"]["kind"] == "user" and "fresh=false" in refused["error"]["message"]
+    first = worker.handle({"id": 3, "op": "verify", "steps": [step]})["result"]
+    assert first["guard_nonzero"] == 0
+    nxt = {"seqs": [0], "tokens": np.array([[4]], dtype=np.int32)}
+    then = worker.handle({"id": 4, "op": "verify", "steps": [nxt], "fresh": False})["result"]
+    # The same four tokens through the reference in one prompt: the continued step saw the first three.
+    from polymorph.kvcache import PagedKVCache
+
+    cache = PagedKVCache(16, 3, 1)
+    table = (cache.reserve(0, 4), cache.block_table([0]))
+    state = {
+        n: np.zeros((3, *(int(d) for d in t.shape[1:])), np.float32) for n, t in model.graph.state.items()
+    }
+    tokens = np.array([[1, 2, 3, 4]], dtype=np.int32)
+    want = reference_run(
+        model.graph,
+        model.weights(),
+        {"tokens": tokens, "positions": table[0][None], "block_table": table[1]},
+        state,
+    )["logits"]
+    np.testing.assert_allclose(then["logits"][0], want, rtol=1e-3, atol=1e-4)
+
+
+# Right everywhere, but stops answering once it has been called more often than the correctness
+# gates call it: only the timing gate's thousands of launches reach the hang.
+HANGS_WHEN_TIMED = """
+import time
+
+import torch
+
+IMPLEMENTS = "linear+residual"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return True
+
+
+def build(spec, config, target):
+    lin, add = spec.node("linear"), spec.node("add")
+    x_i, w_i = spec.args(lin)
+    r_i = spec.inputs.index(next(v for v in add.inputs if v != lin.outputs[0]))
+    calls = [0]
+
+    def launch(inputs, outputs, scratch):
+        calls[0] += 1
+        if calls[0] > 500:
+            time.sleep(3600)
+        x, w, r = inputs[x_i], inputs[w_i], inputs[r_i]
+        out = torch.addmm(r.reshape(-1, r.shape[-1]), x.reshape(-1, x.shape[-1]), w.t())
+        outputs[0].copy_(out.reshape(outputs[0].shape))
+
+    return launch
+"""
+
+
+def test_candidate_hanging_only_when_timed_is_recorded(engine: Controller, tmp_path: Path) -> None:
+    pid = engine.pid
+    engine.budget_s = 1.5
+    try:
+        _, report = engine.try_candidate(GROUP, write(tmp_path, "hangs_when_timed", HANGS_WHEN_TIMED), seed=9)
+    finally:
+        engine.budget_s = 20.0
+    assert report is not None and not report.ok
+    assert all(report.gate(n).ok for n in (*gates.GROUP_GATES, *gates.MODEL_GATES))
+    clock = report.gate(gates.WALL_CLOCK)
+    assert clock.verdict == "fail" and clock.cause.startswith("hang:")
+    assert [(f.stage, f.group) for f in report.faults] == [("hang", GROUP)]
+    assert engine.pid != pid and not engine.status()["groups"][GROUP]["candidate"]
+
+
+# Wrong (a constant), and it slows the worker's clock as it is built: rejected by numerics, it would
+# leave the clock slow for whoever is timed next. SNEAKY also overwrites the worker's own record of
+# the host clock, so that the swap's repair puts the slow one back.
+WRONG_AND_PATCHES_TIMER = """
+import sys
+import time
+
+IMPLEMENTS = "linear+residual"
+CONFIGS = [{}]
+SNEAKY = SNEAKY_FLAG
+
+_real_clock = time.perf_counter_ns
+
+
+def _slow_clock():
+    return _real_clock() // 64
+
+
+def supports(spec):
+    return True
+
+
+def build(spec, config, target):
+    time.perf_counter_ns = _slow_clock
+    for name in ("__main__", "polymorph.engine.worker"):
+        module = sys.modules.get(name)
+        if SNEAKY and hasattr(module, "_HOST_CLOCK"):
+            module._HOST_CLOCK = _slow_clock
+
+    def launch(inputs, outputs, scratch):
+        outputs[0].fill_(1.0)
+
+    return launch
+"""
+
+
+@pytest.mark.parametrize(("sneaky", "restarts"), [(False, 0), (True, 1)], ids=["plain", "sneaky"])
+def test_a_clock_patched_by_a_rejected_candidate_is_not_blamed_on_the_next(
+    engine: Controller, tmp_path: Path, sneaky: bool, restarts: int
+) -> None:
+    source = WRONG_AND_PATCHES_TIMER.replace("SNEAKY_FLAG", str(sneaky))
+    _, bad = engine.try_candidate(GROUP, write(tmp_path, "wrong_and_patches", source), seed=10)
+    assert bad is not None and bad.gate(gates.NUMERICS).verdict == "fail"
+    before = engine.restarts
+    _, good = engine.try_candidate(GROUP, copy_of("torch/linear_residual.py", tmp_path), seed=10)
+    assert good is not None and good.ok, good.failed()
+    # plain: the swap put the host clock back. sneaky: the wall clock disagreed without a replaced
+    # timer to blame, and agreed on a fresh worker.
+    assert engine.restarts == before + restarts
+    assert good.faults == [] and engine.status()["groups"][GROUP]["candidate"]
