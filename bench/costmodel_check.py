@@ -44,7 +44,7 @@ def check_point(model, weights, batch: int, ctx: int, profile, steps: int) -> di
     inputs = {"tokens": torch.randint(0, vocab, (batch, 1), device="cuda", dtype=torch.int32),
               "positions": torch.full((batch, 1), pos, dtype=torch.int32, device="cuda"),
               "block_table": ours.block_table}  # fmt: skip
-    measured = {g.id: s for g, s, _ in ours.exe.time_groups(inputs)}
+    measured = {g.id: s for g, s, _, _ in ours.exe.time_groups(inputs)}
     step_s = timed_steps(
         lambda t: ours.step(t, pos),
         lambda: torch.randint(0, vocab, (batch, 1), device="cuda", dtype=torch.int32),

@@ -234,7 +234,7 @@ def kernel_table(
     graph = specialize(model.graph, bindings)
     types = graph.types()
     out = []
-    for group, seconds, spread in ours.exe.time_groups(inputs):
+    for group, seconds, spread, _ in ours.exe.time_groups(inputs):
         cost = group_cost(graph, group, types, {})
         row = {"group": group.id, "pattern": group.pattern, "kernel": group.kernel.file, "s": seconds,
                "spread": spread, "bytes": cost.bytes, "gb_s": cost.bytes / seconds / 1e9,
@@ -276,7 +276,7 @@ def prefill_point(args, model, weights, length: int) -> list[dict]:
         inputs = {"tokens": tokens.to(torch.int32), "block_table": ours.block_table,
                   "positions": torch.arange(length, dtype=torch.int32, device="cuda")[None]}  # fmt: skip
         ktab = [{"group": g.id, "kernel": g.kernel.file, "s": sec, "spread": sp, "config": g.kernel.config}
-                for g, sec, sp in ours.exe.time_groups(inputs, reps=8)]  # fmt: skip
+                for g, sec, sp, _ in ours.exe.time_groups(inputs, reps=8)]  # fmt: skip
         rows.append({"system": "prefill-kernels", "prefill": length, "kernels": ktab})
     return rows
 

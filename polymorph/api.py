@@ -80,6 +80,28 @@ def compile(
     return b.compile(plan, Path(out) if out is not None else None)
 
 
+def lower(
+    model: str | Path | Model,
+    backend: str | None = None,
+    target: str | None = None,
+    *,
+    batch: int | None = None,
+    ctx: int | None = None,
+    traffic: str | Path | None = None,
+) -> Artifact:
+    """The plan `compile` makes, with its report, but no device code: for runtimes that build their
+    kernels themselves on load (the engine, the Triton JIT), so nothing is compiled twice."""
+    from polymorph.predict import plan_report
+
+    m = as_model(model)
+    b = registry.get(backend or knobs.backend)
+    profile = load_profile(target or b.targets[0], knobs.calibration_dir)
+    bucket = pick_bucket(batch, ctx, traffic)
+    plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
+    plan.model = m.source
+    return Artifact(plan, plan_report(plan, resources_of=lambda group: {}), None)
+
+
 def load(artifact: Artifact, model: str | Path | Model | None = None) -> Executable:
     """Load a compiled plan with its model's weights on the backend's device."""
     plan = artifact.plan

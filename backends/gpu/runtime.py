@@ -71,6 +71,9 @@ class GpuExecutable(Executable):
         self._launches: dict[tuple, tuple[dict[str, Any], list[tuple[PlanGroup, Launch]]]] = {}
         self._captured: dict[tuple, _Captured] = {}
         self._overrides: dict[str, Launch] = {}
+        self._candidates: dict[str, tuple[Any, dict[str, Any]]] = {}  # group id -> (KernelFile, config)
+        self._candidate_launches: dict[tuple, Launch | None] = {}  # (group id, bucket) -> launch
+        self.fallbacks: dict[str, str] = {}  # "group @ bucket" -> why the stock kernel ran there
         self._bindings: dict[tuple, dict[str, int]] = {}
         key = _key(plan.bindings)
         if plan.bindings:
@@ -102,6 +105,42 @@ class GpuExecutable(Executable):
         """Use `launch` for `group_id` in every bucket; captured graphs are re-captured on next use."""
         self._overrides[group_id] = launch
         self._captured.clear()
+
+    def swap_kernel(self, group_id: str, kernel: Any, config: Mapping[str, Any] | None) -> None:
+        """Hot reload: use kernel file `kernel` with `config` for `group_id`, built per shape bucket
+        from that bucket's spec (Triton kernels take their shapes as constexprs), or the stock kernel
+        again with `kernel=None`. Weights and the KV cache stay; captured graphs are re-captured on
+        their next replay. Where the candidate does not support a bucket's spec (a decode kernel at
+        prefill) the stock kernel runs there, and `fallbacks` says so."""
+        self._overrides.pop(group_id, None)
+        if kernel is None:
+            self._candidates.pop(group_id, None)
+        else:
+            self._candidates[group_id] = (kernel, dict(config or {}))
+        self._candidate_launches = {k: v for k, v in self._candidate_launches.items() if k[0] != group_id}
+        self.fallbacks = {k: v for k, v in self.fallbacks.items() if not k.startswith(f"{group_id} @ ")}
+        self._captured.clear()
+
+    def launch_of(self, group: PlanGroup, bindings: Mapping[str, int], stock: Launch) -> Launch:
+        """The launch a step at `bindings` runs for `group`: a swapped-in launch, else the candidate
+        kernel built for this bucket, else `stock`."""
+        if group.id in self._overrides:
+            return self._overrides[group.id]
+        if group.id not in self._candidates:
+            return stock
+        key = (group.id, _key(bindings))
+        if key not in self._candidate_launches:
+            kernel, config = self._candidates[group.id]
+            graph = specialize(self.graph, bindings)
+            spec = kernel_spec(graph, group, graph.types(), self.target)
+            if kernel.supports(spec):
+                self._candidate_launches[key] = kernel.build(spec, config, self.target)
+            else:
+                self._candidate_launches[key] = None
+                self.fallbacks[f"{group.id} @ {dict(bindings)}"] = (
+                    f"{kernel.name} does not support the group's spec here; the stock kernel runs"
+                )
+        return self._candidate_launches[key] or stock
 
     # --- state -----------------------------------------------------------------------------------------
 
@@ -151,7 +190,7 @@ class GpuExecutable(Executable):
             if view is not None:
                 env[group.outputs[0]] = view
                 continue
-            launch = self._overrides.get(group.id, launch)
+            launch = self.launch_of(group, bindings, launch)
             outs = []
             for value in group.outputs:
                 if value in self.alias:
@@ -175,6 +214,7 @@ class GpuExecutable(Executable):
         if (
             group.pattern not in ("reshape", "slice")
             or group.id in self._overrides
+            or group.id in self._candidates
             or group.outputs[0] in self.alias
         ):
             return None
@@ -232,7 +272,7 @@ class GpuExecutable(Executable):
             if view is not None:  # no launch in a step: nothing to time
                 env[g.outputs[0]] = view
                 continue
-            launch = self._overrides.get(g.id, launch)
+            launch = self.launch_of(g, bindings, launch)
             ins = [env[v] for v in g.inputs]
             outs = [
                 self.state[self.alias[v]]
@@ -250,9 +290,9 @@ class GpuExecutable(Executable):
         return int(getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 64 << 20))
 
     def time_groups(
-        self, inputs: Mapping[str, torch.Tensor], group: str | None = None, reps: int = 48
-    ) -> list[tuple[PlanGroup, float, float]]:
-        """(group, median seconds, spread) of each group's launch (or only `group`) on the inputs one
+        self, inputs: Mapping[str, torch.Tensor], group: str | None = None, reps: int = 48, trials: int = 7
+    ) -> list[tuple[PlanGroup, float, float, float]]:
+        """(group, median seconds, spread, total seconds timed) of each group's launch (or only `group`) on the inputs one
         step of `inputs` gives it: graph replay with operands cold in L2 (backends/gpu/timing.py); the
         KV cache is restored afterwards. For per-kernel bandwidth, the cost model and the engine."""
         from polymorph.backends.gpu.timing import time_launch
@@ -262,8 +302,10 @@ class GpuExecutable(Executable):
         try:
             for g, launch, ins, outs in self._operands(inputs):
                 if group is None or g.id == group:
-                    med, spread = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
-                    out.append((g, med, spread))
+                    timed = time_launch(
+                        launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps, trials=trials
+                    )
+                    out.append((g, *timed))
         finally:
             for k, v in saved.items():
                 self.state[k].copy_(v)
@@ -289,7 +331,7 @@ class GpuExecutable(Executable):
                 spec = kernel_spec(concrete_graph, g, types, self.target)
                 for config in kernel.configs_for(self.target):
                     launch = kernel.build(spec, config, self.target)
-                    med, spread = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
+                    med, spread, _ = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
                     out.append((config, med, spread))
                 break
         finally:

@@ -9,7 +9,8 @@ Response:  {"id": <same int>, "ok": true,  "result": {...}}
        or  {"id": <same int>, "ok": false, "error": {"kind": <kind>, "message": <text>}}
 
 Arrays (token ids in, logits out) travel as {"__ndarray__": <base64 of the C-ordered bytes>,
-"dtype": <numpy dtype str>, "shape": [...]}; `encode`/`decode` convert them both ways.
+"dtype": <numpy dtype str, or the ml_dtypes name: "bfloat16", "float8_e4m3fn">, "shape": [...]};
+`encode`/`decode` convert them both ways.
 
 Ops (fields after the op name; every field not marked required has a default):
   load      model (required: a model name, config.json or checkpoint directory), backend ("cpu"),
@@ -83,7 +84,9 @@ def _default(obj: Any) -> Any:
         arr = np.ascontiguousarray(obj)
         return {
             "__ndarray__": base64.b64encode(arr.tobytes()).decode("ascii"),
-            "dtype": arr.dtype.str,
+            # bfloat16 and the fp8 formats (ml_dtypes) have no numpy type string of their own ("|V2"):
+            # they travel by name.
+            "dtype": arr.dtype.name if arr.dtype.kind == "V" else arr.dtype.str,
             "shape": list(arr.shape),
         }
     if isinstance(obj, np.generic):
@@ -91,10 +94,16 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+def _dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
 def _hook(obj: dict[str, Any]) -> Any:
     if "__ndarray__" in obj:
         raw = base64.b64decode(obj["__ndarray__"])
-        return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+        return np.frombuffer(raw, dtype=_dtype(obj["dtype"])).reshape(obj["shape"]).copy()
     return obj
 
 

@@ -120,7 +120,8 @@ class Worker:
         options = {k: m[k] for k in ("dtype", "block_size") if m.get(k) is not None}
         model = load_model(m["model"], **options)
         backend = m.get("backend") or "cpu"
-        artifact = api.compile(
+        # The plan only: the executable builds (JIT-compiles) its kernels on load.
+        artifact = api.lower(
             model, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
         )
         exe = registry.get(artifact.plan.backend).load(artifact, model.weights())
@@ -178,7 +179,10 @@ class Worker:
             t0 = time.perf_counter()
             launch = self._stock_launch(group)
             t1 = time.perf_counter()
-            self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+            if self._per_bucket():
+                self.exe.swap_kernel(group.id, None, None)  # type: ignore[union-attr]
+            else:
+                self.exe.swap(group.id, launch)  # type: ignore[union-attr]
             self.current[group.id] = {
                 "kernel": group.kernel.file,
                 "sha256": group.kernel.sha256,
@@ -216,7 +220,10 @@ class Worker:
                 "candidate_build", f"{path}: build returned {type(launch).__name__}, not a launch"
             )
         t1 = time.perf_counter()
-        self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+        if self._per_bucket():  # built again per shape bucket from that bucket's spec (GPU executables)
+            self.exe.swap_kernel(group.id, kernel, config)  # type: ignore[union-attr]
+        else:
+            self.exe.swap(group.id, launch)  # type: ignore[union-attr]
         t2 = time.perf_counter()
         self.swaps += 1
         self.current[group.id] = {"kernel": str(path), "sha256": kernel.sha256, "candidate": True}
@@ -265,8 +272,6 @@ class Worker:
 
         from polymorph.backends.torch_bridge import TORCH_DTYPE, to_numpy, to_torch
 
-        if self.info["backend"] != "cpu":
-            raise UserError(f"`run_group` is built for cpu only so far, not {self.info['backend']}")
         group = self._group(m["group"])
         arrays = m["inputs"]
         if len(arrays) != len(group.inputs):
@@ -276,7 +281,8 @@ class Worker:
             if a is None and v not in params:
                 raise ValueError(f"input `{v}` of group `{group.id}` is not a weight: send its values")
         bindings = {str(k): int(v) for k, v in m["bindings"].items()}
-        launch = self._stock_launch(group) if m.get("stock") else self._current_launch(group)
+        launch = self._launch_at(group, bindings, stock=bool(m.get("stock")))
+        device = getattr(self.exe, "device", None)
         fill = m.get("fill", "nan")
         graph = self.artifact.plan.graph  # type: ignore[union-attr]
         types = self._types()
@@ -285,7 +291,8 @@ class Worker:
         # Weights are the engine's own persistent tensors (a kernel may prepack them once); every
         # other input is a copy in the worker's own memory, never the wire buffer.
         ins = [
-            params[v] if a is None else to_torch(np.asarray(a)).clone() for v, a in zip(group.inputs, arrays)
+            params[v] if a is None else to_torch(np.asarray(a), device).clone()
+            for v, a in zip(group.inputs, arrays, strict=True)
         ]
         outs: list[Any] = []
         in_place: list[int] = []
@@ -296,7 +303,7 @@ class Worker:
                 in_place.append(i)
                 continue
             t = types[v]
-            out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype])
+            out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype], device=device)
             out.fill_(_fill_value(fill, t.dtype.is_float))
             outs.append(out)
         before = [_checksum(to_numpy(x)) for x in ins]
@@ -305,12 +312,15 @@ class Worker:
                 launch(ins, outs, None)
         except Exception as e:  # the candidate raised
             raise CandidateError("candidate_run", f"group `{group.id}` raised {_cause(e)}") from None
-        got = [to_numpy(o).copy() for o in outs]  # as they were when the launch returned
+        # As they were when the launch returned; on a GPU the copy waits for the current stream only,
+        # so work a candidate pushed to another stream or thread shows up as a late change below.
+        got = [to_numpy(o).copy() for o in outs]
         after = [_checksum(to_numpy(x)) for x in ins]
         late: list[bool] = []
         settle_s = float(m.get("settle_s", 0.0))
         if settle_s > 0:
             time.sleep(settle_s)
+            self._sync()
             late = [to_numpy(o).tobytes() != g.tobytes() for o, g in zip(outs, got, strict=True)]
         return {
             "outputs": got,
@@ -348,10 +358,11 @@ class Worker:
             if tier == "slow":
                 times = _time(lambda: self.exe.run(inputs()), trials, self._sync)  # type: ignore[union-attr]
                 return {"tier": tier, "timer": timer, "trials": trials, **_stats(times)}
-            if self.info["backend"] != "cpu":
-                # GpuExecutable.time_groups (device events) is the path there; not wired up yet.
-                raise UserError(f"the fast tier is built for cpu only so far, not {self.info['backend']}")
-            groups, bindings = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
+            if self._device_timer():
+                groups, bindings = _time_groups_on_device(self.exe, inputs(), trials, m.get("group"))
+                timer = "device events around CUDA/HIP graph replays, operands cold in L2"
+            else:
+                groups, bindings = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
             return {"tier": tier, "timer": timer, "trials": trials, "groups": groups, "bindings": bindings}
         finally:
             self._restore_state(saved)
@@ -394,6 +405,26 @@ class Worker:
         if self.types is None:
             self.types = self.artifact.plan.graph.types()  # type: ignore[union-attr]
         return self.types
+
+    def _per_bucket(self) -> bool:
+        """GPU executables build a swapped kernel per shape bucket (swap_kernel); cpu ones take one launch."""
+        return callable(getattr(self.exe, "swap_kernel", None))
+
+    def _device_timer(self) -> bool:
+        device = getattr(self.exe, "device", None)
+        return device is not None and getattr(device, "type", "cpu") == "cuda"
+
+    def _launch_at(self, group: PlanGroup, bindings: Mapping[str, int], *, stock: bool) -> Launch:
+        """The launch a step at `bindings` runs for `group` (the stock one with `stock`)."""
+        if not self._per_bucket():
+            return self._stock_launch(group) if stock else self._current_launch(group)
+        launches = {g.id: (g, launch) for g, launch in self.exe.launches_for(bindings)}  # type: ignore[union-attr]
+        if group.id not in launches:
+            raise UserError(
+                f"group `{group.id}` is not in the plan at {dict(bindings)} (lowered differently there)"
+            )
+        g, base = launches[group.id]
+        return base if stock else self.exe.launch_of(g, bindings, base)  # type: ignore[union-attr]
 
     def _current_launch(self, group: PlanGroup) -> Launch:
         for g, launch in self.exe.launches:  # type: ignore[union-attr]
@@ -449,8 +480,9 @@ class Worker:
             state[k].copy_(v)
 
     def _sync(self) -> None:
-        # GPU executables queue work asynchronously: the host timer must wait for the device.
-        if self.info.get("backend") in ("cuda", "rocm"):
+        # GPU executables queue work asynchronously: the host timer must wait for the device (not
+        # under Triton's interpreter, where the "GPU" executable runs on the host).
+        if self._device_timer():
             import torch
 
             torch.cuda.synchronize()
@@ -487,6 +519,24 @@ def _fill_value(fill: Any, is_float: bool) -> float:
     return float(fill) if is_float else int(fill)
 
 
+def _time_groups_on_device(
+    exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None
+) -> tuple[dict, dict[str, int]]:
+    """The fast tier on a GPU: each group's launch alone by graph replay with its operands cold in L2
+    (GpuExecutable.time_groups), `trials` timed replays each."""
+    from polymorph.backends.torch_bridge import to_torch
+
+    device_inputs = {k: to_torch(v, exe.device) for k, v in inputs.items()}
+    bindings = exe.bindings_of(device_inputs)
+    out = {
+        g.id: {"median_s": med, "spread_s": spread * med, "total_s": total}
+        for g, med, spread, total in exe.time_groups(device_inputs, only, trials=trials)
+    }
+    if only is not None and only not in out:
+        raise UserError(f"no node group `{only}` in this plan")
+    return out, {k: int(v) for k, v in bindings.items()}
+
+
 def _time_groups(
     exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None, sync: Any
 ) -> tuple[dict, dict[str, int]]:
@@ -497,10 +547,18 @@ def _time_groups(
     from polymorph.backends.torch_bridge import IR_DTYPE, to_torch
     from polymorph.reference import bind_leaf_shapes
 
+    out: dict[str, dict[str, float]] = {}
+    if hasattr(exe, "_operands"):  # a GPU executable without its GPU (Triton's interpreter): host clock
+        device_inputs = {k: to_torch(v, exe.device) for k, v in inputs.items()}
+        for g, launch, ins, outs in exe._operands(device_inputs):
+            if only is None or g.id == only:
+                out[g.id] = _stats(_time(lambda: launch(ins, outs, None), trials, sync))  # noqa: B023
+        if only is not None and only not in out:
+            raise UserError(f"no node group `{only}` in this plan")
+        return out, {k: int(v) for k, v in exe.bindings_of(device_inputs).items()}
     env: dict[str, Any] = {**exe.params, **exe.state}
     env.update({k: to_torch(v) for k, v in inputs.items()})
     bindings = bind_leaf_shapes(exe.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()})
-    out: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
         for group, launch in exe.launches:
             ins = [env[v] for v in group.inputs]
