@@ -101,9 +101,11 @@ class Prediction:
     basis: str  # where bw, peak, curves and overhead came from
     scales: dict[str, float] = field(default_factory=dict)  # pattern -> refine factor
 
+    step_overhead_s: float = 0.0  # the runtime's fixed cost per step beyond its kernels (calibrated)
+
     @property
     def step_s(self) -> float:
-        return sum(k.predicted_s for k in self.kernels)
+        return sum(k.predicted_s for k in self.kernels) + self.step_overhead_s
 
     def row(self, group: str) -> KernelRow:
         for k in self.kernels:
@@ -164,6 +166,11 @@ class HardwareModel:
             return cal.launch_overhead.si
         return DEFAULT_LAUNCH_OVERHEAD_S
 
+    @property
+    def step_overhead_s(self) -> float:
+        cal = self.profile.calibration
+        return cal.step_overhead.si if cal is not None and cal.step_overhead is not None else 0.0
+
     def basis(self) -> str:
         cal = self.profile.calibration
         if cal is None:
@@ -173,9 +180,10 @@ class HardwareModel:
             )
         curves = ", ".join(c.name for c in cal.curves) or "no curves (efficiency 1)"
         overhead = "measured" if cal.launch_overhead is not None else "assumed default"
+        step = f"; step overhead {self.step_overhead_s * 1e6:.3g} us" if cal.step_overhead is not None else ""
         return (
             f"calibrated ({cal.path}, {cal.provenance()}): curves {curves}; launch overhead "
-            f"{self.launch_overhead_s * 1e6:.3g} us ({overhead})"
+            f"{self.launch_overhead_s * 1e6:.3g} us ({overhead}){step}"
         )
 
     def bandwidth(self) -> float:
@@ -298,6 +306,7 @@ def predict(
         footprint=footprint(plan),
         calibrated=model.calibrated,
         basis=model.basis(),
+        step_overhead_s=model.step_overhead_s,
     )
 
 

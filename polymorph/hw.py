@@ -164,6 +164,7 @@ _CALIBRATION_KEYS = {
     "figures",
     "curves",
     "launch_overhead",
+    "step_overhead",
 }
 
 # Calibration curves: name -> (what a point is indexed by, dimension of its values, label). A bandwidth
@@ -231,7 +232,8 @@ class Calibration:
     command: str | None
     figures: tuple[Figure, ...]
     curves: tuple[Curve, ...] = ()
-    launch_overhead: Figure | None = None  # seconds per call of a tiny op (`si`), measured
+    launch_overhead: Figure | None = None  # seconds per kernel call (`si`), measured
+    step_overhead: Figure | None = None  # seconds per step beyond its kernels (`si`), measured
 
     def curve(self, name: str) -> Curve | None:
         """The curve `name` (a CURVES key), or None when this file has none."""
@@ -544,13 +546,14 @@ def _parse_calibration(data: dict[str, Any], where: str, profile: Profile) -> Ca
         command=_get(prov, "command", str, where, prefix="provenance.", required=False),
         figures=tuple(_parse_figures(data, where, measured=True)),
         curves=tuple(_parse_curves(data, where)),
-        launch_overhead=_parse_launch_overhead(data, where),
+        launch_overhead=_parse_overhead(data, "launch_overhead", where),
+        step_overhead=_parse_overhead(data, "step_overhead", where),
     )
 
 
-def _parse_launch_overhead(data: dict[str, Any], where: str) -> Figure | None:
-    raw = _get(data, "launch_overhead", dict, where, required=False)
-    return None if raw is None else _parse_figure(raw, "launch_overhead", "time", where, measured=True)
+def _parse_overhead(data: dict[str, Any], name: str, where: str) -> Figure | None:
+    raw = _get(data, name, dict, where, required=False)
+    return None if raw is None else _parse_figure(raw, name, "time", where, measured=True)
 
 
 def _parse_curves(data: dict[str, Any], where: str) -> list[Curve]:
@@ -642,7 +645,7 @@ def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Fig
 
 
 def _parse_figure(raw: object, name: str, dimension: str, where: str, measured: bool) -> Figure:
-    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_overhead
+    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_overhead, step_overhead
     if not isinstance(raw, dict):
         raise UserError(
             f"{where}: `{field}` must be a table with `value`, `unit` and "

@@ -24,7 +24,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 @dataclass(frozen=True)
 class Measurement:
-    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_overhead`, or `curves.<name>` (a summary row)
+    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_overhead`, `step_overhead`, or `curves.<name>`
     value: float
     unit: str
     method: str
@@ -75,10 +75,13 @@ class SuiteResult:
     launch_overhead: Measurement
     curves: list[CurveMeasurement] = field(default_factory=list)
     unrecorded: list[Measurement] = field(default_factory=list)
+    step_overhead: Measurement | None = None  # the runtime's fixed cost per step, beyond its kernels
 
     def __iter__(self) -> Iterator[Measurement]:
         yield from self.figures
         yield self.launch_overhead
+        if self.step_overhead is not None:
+            yield self.step_overhead
         yield from (c.summary() for c in self.curves)
         yield from self.unrecorded
 
@@ -144,7 +147,11 @@ def calibration_toml(
         *(f"{_key(package)} = {_string(version)}" for package, version in toolchain.items()),
     ]
     if isinstance(results, SuiteResult):
-        for m in [*results.figures, results.launch_overhead]:
+        for m in [
+            *results.figures,
+            results.launch_overhead,
+            *([results.step_overhead] if results.step_overhead else []),
+        ]:
             lines += _figure_lines(m)
         for c in results.curves:
             lines += _curve_lines(c)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from polymorph import microbench
@@ -69,6 +70,40 @@ def launch_overhead(trials: int = 9) -> Measurement:
         "us",
         f"torch.add of 8 f32 into a preallocated output, median of {trials} trials after 50 warm-up calls",
         note=f"spread {t.spread:.0%}",
+    )
+
+
+def runtime_overheads(trials: int = 9, chain: int = 16) -> tuple[Measurement, Measurement]:
+    """The cpu executable's own costs, on graphs of 1 and of 1 + `chain` tiny `add` kernels through
+    the cpu backend (lower, load, run): per kernel call (the group's Python launch, its output buffer,
+    the value table) and per step (binding shapes, numpy/torch conversion). These are what a decode step
+    of small kernels pays on top of their arithmetic; no kernel of a model's plan is run."""
+    from polymorph.backend import registry
+    from polymorph.hw import load_profile
+    from polymorph.ir.builder import GraphBuilder
+    from polymorph.ir.dtypes import DType
+
+    def step_seconds(n: int) -> float:
+        b = GraphBuilder(f"overhead-{n}")
+        x = b.input("x", DType.F32, (1, 8))
+        y = x
+        for i in range(n):
+            y = b.op("add", f"add{i}", y, x)
+        b.output("y", y)
+        backend = registry.get("cpu")
+        plan = backend.lower(b.build(), load_profile("cpu"), {})
+        exe = backend.load(backend.compile(plan), {})
+        inputs = {"x": np.ones((1, 8), np.float32)}
+        return time_call(lambda: exe.run(inputs), trials, warmup=20).seconds
+
+    one, many = step_seconds(1), step_seconds(1 + chain)
+    # Both are positive in fact; on a noisy machine a difference of medians can come out below zero.
+    per_launch = max((many - one) / chain, 1e-9)
+    step = max(one - per_launch, 1e-9)
+    method = f"cpu executable steps of 1 and {1 + chain} add kernels on [1, 8] f32, median of {trials}"
+    return (
+        Measurement("launch_overhead", per_launch * 1e6, "us", f"per kernel call: {method}, slope"),
+        Measurement("step_overhead", step * 1e6, "us", f"per step beyond its kernels: {method}, intercept"),
     )
 
 
@@ -163,8 +198,9 @@ def _measure(quick: bool) -> SuiteResult:
     sizes = QUICK_BANDWIDTH_SIZES if quick else BANDWIDTH_SIZES
     rows = QUICK_MATMUL_ROWS if quick else MATMUL_ROWS
     widths = QUICK_MATMUL_WIDTHS if quick else MATMUL_WIDTHS
-    overhead = launch_overhead(trials)
+    overhead = launch_overhead(trials)  # a tiny torch op: what the curves are net of
     overhead_s = overhead.value * 1e-6
+    kernel_call, step = runtime_overheads(trials)
     read = read_bandwidth(sizes, overhead_s, trials)
     copy = copy_bandwidth(sizes, overhead_s, trials)
     curves = [read, copy] + [matmul_curve(key, rows, widths, overhead_s, trials) for key in DTYPES]
@@ -178,7 +214,9 @@ def _measure(quick: bool) -> SuiteResult:
         ),
         *(matmul_rate(key, n=512 if quick else 1024, trials=3 if quick else 5) for key in DTYPES),
     ]
-    return SuiteResult(figures, overhead, curves)
+    kernel_call = Measurement(kernel_call.name, kernel_call.value, kernel_call.unit, kernel_call.method,
+                              note=f"a bare torch op costs {overhead.value:.3g} us (the curves are net of that)")  # fmt: skip
+    return SuiteResult(figures, kernel_call, curves, step_overhead=step)
 
 
 def _threads() -> str:

@@ -67,6 +67,8 @@ class CpuExecutable(Executable):
         self.state: dict[str, torch.Tensor] = {}
         self.allocated = not self.graph.state  # a graph without state needs no allocate_state
         self.launches = build_launches(plan, artifact_dir)
+        self._bindings: dict[tuple, dict[str, int]] = {}
+        self._shapes: dict[tuple, tuple[int, ...]] = {}  # (value, *bindings) -> concrete shape
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.state = {
@@ -74,6 +76,8 @@ class CpuExecutable(Executable):
             for name, t in self.graph.state.items()
         }
         self.allocated = True
+        self._bindings.clear()  # cache_blocks may have changed
+        self._shapes.clear()
 
     def swap(self, group_id: str, launch: Launch) -> None:
         """Replace one group's launch (hot reload); weights and state stay as they are."""
@@ -88,9 +92,15 @@ class CpuExecutable(Executable):
             raise UserError("allocate_state(cache_blocks) must run before the first step")
         env: dict[str, torch.Tensor] = {**self.params, **self.state}
         env.update({k: to_torch(v) for k, v in inputs.items()})
-        bindings = bind_leaf_shapes(
-            self.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()}
-        )
+        # Weight and cache shapes are fixed once the state is allocated: the binding is solved once per
+        # input shape (solving it over every leaf each step cost more than a tiny model's kernels).
+        key = tuple((k, env[k].dtype, tuple(env[k].shape)) for k in sorted(inputs))
+        bindings = self._bindings.get(key)
+        if bindings is None:
+            bindings = bind_leaf_shapes(
+                self.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()}
+            )
+            self._bindings[key] = bindings
         with torch.inference_mode():
             for group, launch in self.launches:
                 outs = [self._output(v, bindings) for v in group.outputs]
@@ -102,7 +112,11 @@ class CpuExecutable(Executable):
         if value in self.alias:
             return self.state[self.alias[value]]
         t = self.types[value]
-        out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype])
+        key = (value, *sorted(bindings.items()))
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = concrete(t.shape, bindings)
+        out = torch.empty(shape, dtype=TORCH_DTYPE[t.dtype])
         if self.poison:
             out.fill_(float("nan") if t.dtype.is_float else -(2**30))
         return out
