@@ -407,6 +407,15 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.agent_errors = [e for a in externals for e in a.errors]
     _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
     result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
+    if result.ab["speedup"] < 1.0 and any(s.chosen for s in by_sig.values()):
+        # Faster kernel by kernel, not end to end in the same run: the untuned plan is the one written.
+        for sig in by_sig.values():
+            sig.chosen = False
+        result.ab["plan"] = "untuned: the tuned plan was not faster end to end"
+    else:
+        result.ab["plan"] = (
+            "tuned" if any(s.chosen for s in by_sig.values()) else "untuned: no champion beat stock"
+        )
     result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
     return result
 

@@ -73,7 +73,7 @@ def print_report(report: TuneReport) -> None:
             f"{' '.join(console.seconds(x) for x in ab['tuned_s'])}: {ab['speedup']:.2f}x "
             f"(medians; {ab['trials']} steps per arm and round; final gate {ab['gate']})"
         )
-        console.line(f"tuned plan: {b.plan_dir} (polymorph run {b.plan_dir})")
+        console.line(f"plan written ({ab.get('plan', 'tuned')}): {b.plan_dir} (polymorph run {b.plan_dir})")
     console.line(
         f"took {report.elapsed_s:.0f} s of a {report.budget_s:.0f} s budget; toolchain {report.toolchain}"
     )
