@@ -74,6 +74,7 @@ class GpuExecutable(Executable):
         self._candidates: dict[str, tuple[Any, dict[str, Any]]] = {}  # group id -> (KernelFile, config)
         self._candidate_launches: dict[tuple, Launch | None] = {}  # (group id, bucket) -> launch
         self.fallbacks: dict[str, str] = {}  # "group @ bucket" -> why the stock kernel ran there
+        self.collectives: dict[str, Any] = {}  # group id -> run on its outputs after it (tensor_parallel.py)
         self._bindings: dict[tuple, dict[str, int]] = {}
         key = _key(plan.bindings)
         if plan.bindings:
@@ -202,6 +203,8 @@ class GpuExecutable(Executable):
                     buf.fill_(float("nan") if t.dtype.is_float else -(2**30))
                 outs.append(buf)
             launch([env[v] for v in group.inputs], outs, None)
+            if group.id in self.collectives:
+                self.collectives[group.id](outs)
             env.update(zip(group.outputs, outs, strict=True))
         return {name: env[v] for name, v in self.graph.outputs.items()}
 
