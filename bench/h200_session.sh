@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEP=${1:?usage: bench/h200_session.sh tests|microbench|engine|decode-b8|moe|tune}
+STEP=${1:?usage: bench/h200_session.sh tests|microbench|engine|decode-b8|moe|tune|tp}
 python -m pip install --quiet --no-deps --no-build-isolation . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ROOT=$PWD
 run() {  # name, limit in seconds, command...
@@ -39,5 +39,7 @@ case "$STEP" in
     run tune 590 python -m polymorph.cli tune llama-3.2-1b --backend cuda --target h200 --batch 1 --ctx 1024 \
       --budget 6m --workers 1 --out /tmp/tuned --registry /tmp/tuned-registry.sqlite
     cp /tmp/tuned/tune-report.json "$OUT/" ;;  # $OUT brings back 8 files at most
+  tp)  # issue 7, on the device kind nvidia-h200-x2: TP=2 against one GPU, measured and predicted
+    run tp 560 python "$ROOT/bench/tp_check.py" --batch 1 --ctx 1024 --out "$OUT/tp.json" ;;
   *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
