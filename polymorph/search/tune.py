@@ -355,7 +355,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
 
     load = {"model": opts.model, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
             "ctx": bucket.ctx}  # fmt: skip
-    stop = out_dir / f".stop-{bucket.id}"
+    stop = opts.out / f".stop-{bucket.id}"
     stop.unlink(missing_ok=True)
     options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
                "trials": opts.trials,
