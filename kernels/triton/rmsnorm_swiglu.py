@@ -14,7 +14,9 @@ Paths and tiles as in linear.py: the GEMV for M <= GEMV_MAX_M, tl.dot tiles abov
 interleaved rows: block_n / 2 features; the A tile is scaled by w_norm and rounded before the MMA).
 
 Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
-num_warps, num_stages (GEMM); waves_per_eu on rocm. Each config zips one GEMV and one GEMM setting.
+num_warps, num_stages (GEMM); skinny_* (GEMM at 2 < M <= 64, see _skinny); norm_prologue (GEMM: the
+norm as its own row kernel first, then tiles with no norm work); waves_per_eu on rocm. Each config
+zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; every float tensor of one dtype (bf16, f16, f32); gate and up of
 one shape [F, K], both with a bias or neither; concrete F and K with F * K < 2**31; contiguous tensors
@@ -26,6 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
@@ -43,6 +46,10 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2), so the tiles stream the
+    # weights with no per-tile norm work (at M = 32 the folded norm ran at 28% of copy bandwidth).
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = [
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
@@ -213,11 +220,28 @@ def _rows(spec: Any, value: str) -> int:
 # --- the kernel --------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _rms_rows(x_ptr, wn_ptr, n_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """n = x / rms * w_norm, rounded to x's dtype, one program per row: the norm as its own kernel for
+    the `norm_prologue` configs (the unfused graph's rmsnorm, rounded where the graph stores it)."""
+    row = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        sq += x * x
+    rms = tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        w = tl.load(wn_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        tl.store(n_ptr + row * K + k0 + ks, _to(x / rms * w, n_ptr.dtype.element_ty), mask=k0 + ks < K)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_swiglu(x_ptr, wn_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, y_ptr, M, eps,
                     F: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                    EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     # x: [M, K], w_norm: [K], w_gate / w_up: [F, K], y: [M, F]; BLOCK_N interleaved rows = BLOCK_N/2 features
     FEATURES: tl.constexpr = BLOCK_N // 2
     pid_n = tl.program_id(0)
@@ -229,11 +253,13 @@ def _rmsnorm_swiglu(x_ptr, wn_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, y_ptr, M, eps
     w_rows = tl.where(is_gate, wg_ptr + f * K, wu_ptr + f * K)  # [BLOCK_N] row pointers
     x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
-        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     else:
-        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
-    rms = tl.sqrt(ss / K + eps)
-    y = acc / rms[:, None]
+        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    if NORM:
+        y = acc / tl.sqrt(ss / K + eps)[:, None]
+    else:  # x is already the normalized activation (the norm_prologue path)
+        y = acc
     if HAS_BIAS:
         bias = tl.where(is_gate, tl.load(bg_ptr + f), tl.load(bu_ptr + f)).to(tl.float32)
         y += bias[None, :]
@@ -301,9 +327,14 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         tiles, opts = plans[m]
         if tiles["HINT"]:
             _check_aligned("rmsnorm+linear+silu*mul", x, wg, wu)
+        wn, norm = inputs[wn_i], not _prologue(config, tiles)
+        if not norm:  # the norm as its own kernel, then plain tiles over the normalized rows
+            n = torch.empty((m, k), dtype=x.dtype, device=x.device)
+            _rms_rows[(m,)](x, wn, n, eps, K=k, BLOCK_K=_row_block(k), num_warps=4)
+            x = n
         grid = (triton.cdiv(f, tiles["BLOCK_N"] // 2), triton.cdiv(m, tiles["BLOCK_M"]))
-        _rmsnorm_swiglu[grid](x, inputs[wn_i], wg, wu, inputs[bg_i], inputs[bu_i], outputs[0], m, eps,
-                              F=f, K=k, HAS_BIAS=has_bias, **tiles, **opts)  # fmt: skip
+        _rmsnorm_swiglu[grid](x, wn, wg, wu, inputs[bg_i], inputs[bu_i], outputs[0], m, eps,
+                              F=f, K=k, HAS_BIAS=has_bias, NORM=norm, **tiles, **opts)  # fmt: skip
 
     return launch
 
@@ -316,9 +347,24 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     dtype = str(spec.types[norm.inputs[0]].dtype)
     cfg = _skinny(config, _rows(spec, norm.inputs[0]), target)
     tiles = _tiles(k, _rows(spec, norm.inputs[0]), cfg, _ELEM_BYTES[dtype], target.warp_size)
-    consts = {"F": f, "K": k, "HAS_BIAS": len(gate.inputs) == 3, **tiles}
+    norm = not _prologue(config, tiles)
+    consts = {"F": f, "K": k, "HAS_BIAS": len(gate.inputs) == 3, "NORM": norm, **tiles}
     ptr = "*" + _FLOATS[dtype]
     sig = {"x_ptr": ptr, "wn_ptr": ptr, "wg_ptr": ptr, "wu_ptr": ptr, "bg_ptr": ptr, "bu_ptr": ptr,
            "y_ptr": ptr, "M": "i32", "eps": "fp32", **{c: "constexpr" for c in consts}}  # fmt: skip
     name = f"rmsnorm_swiglu_{'gemm' if tiles['USE_DOT'] else 'gemv'}"
-    return [CompileUnit(name, _rmsnorm_swiglu, sig, consts, _options(cfg, tiles["USE_DOT"], target))]
+    units = [CompileUnit(name, _rmsnorm_swiglu, sig, consts, _options(cfg, tiles["USE_DOT"], target))]
+    if not norm:
+        rows = {"K": k, "BLOCK_K": _row_block(k)}
+        row_sig = {"x_ptr": ptr, "wn_ptr": ptr, "n_ptr": ptr, "eps": "fp32", **{c: "constexpr" for c in rows}}
+        units.insert(0, CompileUnit("rmsnorm_swiglu_rows", _rms_rows, row_sig, rows, {"num_warps": 4}))
+    return units
+
+
+def _prologue(config: dict[str, Any], tiles: dict[str, Any]) -> bool:
+    """The norm runs as its own kernel first: on the tl.dot path, where the config asks for it."""
+    return bool(config.get("norm_prologue")) and tiles["USE_DOT"]
+
+
+def _row_block(k: int) -> int:
+    return min(triton.next_power_of_2(k), 1024)
