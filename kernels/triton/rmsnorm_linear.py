@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
@@ -44,6 +45,12 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2), with 128-wide N tiles at
+    # M <= 64 (lm_head's 128256 rows: each tile re-reads x, so fewer and wider tiles). At M = 32 the
+    # folded norm took lm_head to 430 us, 30% of copy bandwidth.
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "skinny_block_n": 128, "skinny_block_k": 64, "skinny_warps": 8, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = [
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
@@ -214,11 +221,29 @@ def _rows(spec: Any, value: str) -> int:
 # --- the kernel --------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _rms_rows(x_ptr, wn_ptr, n_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """n = x / rms * w_norm, rounded to n's dtype, one program per row: the norm as its own kernel for
+    the `norm_prologue` configs (the unfused graph's rmsnorm, rounded where the graph stores it)."""
+    row = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        sq += x * x
+    rms = tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        w = tl.load(wn_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        tl.store(n_ptr + row * K + k0 + ks, _to(x / rms * w, n_ptr.dtype.element_ty), mask=k0 + ks < K)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_linear(x_ptr, wn_ptr, w_ptr, b_ptr, y_ptr, n_ptr, M, eps,
                     N: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_NORM: tl.constexpr,
                     USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr,
+                    NORM: tl.constexpr):  # fmt: skip
     # x: [M, K], w_norm: [K], w: [N, K], y: [M, N], n: [M, K]
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -227,11 +252,14 @@ def _rmsnorm_linear(x_ptr, wn_ptr, w_ptr, b_ptr, y_ptr, n_ptr, M, eps,
     w_rows = w_ptr + tl.minimum(rows, N - 1) * K  # tail rows repeat row N-1, never stored
     x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
-        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     else:
-        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     rms = tl.sqrt(ss / K + eps)  # [BLOCK_M]
-    y = acc / rms[:, None]
+    if NORM:
+        y = acc / rms[:, None]
+    else:  # x is already the normalized activation (the norm_prologue path; WRITE_NORM is off)
+        y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
     m_ok = offs_m < M
@@ -315,6 +343,12 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
             plans[m] = (tiles, _options(cfg, tiles["USE_DOT"], target))
         tiles, opts = plans[m]
         n_buf = outputs[n_out] if n_out is not None else x
+        norm = not _prologue(config, tiles)
+        if not norm:  # the norm as its own kernel (into the norm's output when the group has one)
+            if n_out is None:
+                n_buf = torch.empty((m, k), dtype=x.dtype, device=x.device)
+            _rms_rows[(m,)](x, wn, n_buf, eps, K=k, BLOCK_K=_row_block(k), num_warps=4)
+            x = n_buf
         for p in launches:
             w = inputs[p["w"]]
             if tiles["HINT"]:
@@ -333,12 +367,22 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
                 N=p["N"],
                 K=k,
                 HAS_BIAS=p["b"] is not None,
-                WRITE_NORM=p["WRITE_NORM"],
+                WRITE_NORM=p["WRITE_NORM"] and norm,
+                NORM=norm,
                 **tiles,
                 **opts,
             )
 
     return launch
+
+
+def _prologue(config: dict[str, Any], tiles: dict[str, Any]) -> bool:
+    """The norm runs as its own kernel first: on the tl.dot path, where the config asks for it."""
+    return bool(config.get("norm_prologue")) and tiles["USE_DOT"]
+
+
+def _row_block(k: int) -> int:
+    return min(triton.next_power_of_2(k), 1024)
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
@@ -352,8 +396,14 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     opts = _options(cfg, tiles["USE_DOT"], target)
     ptr = "*" + _FLOATS[dtype]
     units: dict[str, Any] = {}
+    norm = not _prologue(config, tiles)
+    if not norm:
+        rows = {"K": k, "BLOCK_K": _row_block(k)}
+        row_sig = {"x_ptr": ptr, "wn_ptr": ptr, "n_ptr": ptr, "eps": "fp32", **{c: "constexpr" for c in rows}}
+        units["rows"] = CompileUnit("rmsnorm_linear_rows", _rms_rows, row_sig, rows, {"num_warps": 4})
     for p in _launches(spec):
-        consts = {"N": p["N"], "K": k, "HAS_BIAS": p["b"] is not None, "WRITE_NORM": p["WRITE_NORM"], **tiles}
+        consts = {"N": p["N"], "K": k, "HAS_BIAS": p["b"] is not None, "WRITE_NORM": p["WRITE_NORM"] and norm,
+                  "NORM": norm, **tiles}  # fmt: skip
         sig = {"x_ptr": ptr, "wn_ptr": ptr, "w_ptr": ptr, "b_ptr": ptr, "y_ptr": ptr, "n_ptr": ptr,
                "M": "i32", "eps": "fp32", **{c: "constexpr" for c in consts}}  # fmt: skip
         name = f"rmsnorm_linear_{'gemm' if tiles['USE_DOT'] else 'gemv'}_n{p['N']}"
