@@ -74,6 +74,8 @@ def shard_weights(
         if any(name.endswith(p) for p in ROW_PARALLEL):
             n = w.shape[1] // tp
             out[name] = np.ascontiguousarray(w[:, rank * n : (rank + 1) * n])
+        elif any(name.endswith(p.replace(".weight", ".bias")) for p in ROW_PARALLEL):
+            out[name] = w if rank == 0 else np.zeros_like(w)  # added once: the all-reduce sums the ranks
         elif any(f"{c}." in name for c in COLUMN_PARALLEL):  # weight [out, in] or bias [out]
             n = rows[proj] // tp
             out[name] = np.ascontiguousarray(w[rank * n : (rank + 1) * n])
@@ -143,6 +145,7 @@ class TensorParallel:
         else:  # GPU executables: the hook runs after the group's launch; no graph capture across it
             self.exe.capture = False
             self.exe.collectives = {g: reduce for g in self.collectives}
+            self.exe.lower = lambda graph, prof, bindings: lower_rank(backend, graph, prof, bindings)
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.exe.allocate_state(cache_blocks)

@@ -75,6 +75,7 @@ class GpuExecutable(Executable):
         self._candidate_launches: dict[tuple, Launch | None] = {}  # (group id, bucket) -> launch
         self.fallbacks: dict[str, str] = {}  # "group @ bucket" -> why the stock kernel ran there
         self.collectives: dict[str, Any] = {}  # group id -> run on its outputs after it (tensor_parallel.py)
+        self.lower = backend.lower  # how a new shape bucket is lowered (tensor_parallel.py replaces it)
         self._bindings: dict[tuple, dict[str, int]] = {}
         key = _key(plan.bindings)
         if plan.bindings:
@@ -98,7 +99,12 @@ class GpuExecutable(Executable):
     def launches_for(self, bindings: Mapping[str, int]) -> list[tuple[PlanGroup, Launch]]:
         key = _key(bindings)
         if key not in self._launches:
-            plan = self.backend.lower(self.graph, self.profile, dict(bindings))
+            plan = self.lower(self.graph, self.profile, dict(bindings))
+            missing = set(self.collectives) - {g.id for g in plan.groups}
+            if missing:
+                raise UserError(
+                    f"the plan at {dict(bindings)} lacks the collective groups {sorted(missing)[:3]}"
+                )
             self._launches[key] = (self._types(bindings), self._build(plan))
         return self._launches[key][1]
 
@@ -238,7 +244,7 @@ class GpuExecutable(Executable):
         bindings = self.bindings_of(inputs)
         if not self.capture or bindings.get("seq", 1) != 1:
             return self._forward(inputs, bindings)
-        key = _key(bindings)
+        key = (_key(bindings), self.poison)  # a graph captured poisoned fills its buffers with NaN
         cap = self._captured.get(key)
         if cap is None:
             cap = self._capture(inputs, bindings)

@@ -529,12 +529,22 @@ def _eps(graph: Any) -> float:
     return float(ml_dtypes.finfo(dtype.numpy).eps) if dtype.is_float else 0.0
 
 
+# A step of more rows than this is lowered with other fusions on GPUs (backends/gpu/backend.py,
+# FUSED_NORM_MAX_ROWS): the decode step's groups do not exist there, so no case goes above it.
+MAX_CASE_ROWS = 64
+
+
 def _shapes(batch: int) -> list[tuple[int, int]]:
     """(batch, seq) cases from the loaded bucket: its decode step, an odd chunk of prompt at its
-    batch, one odd prompt alone, and an odd smaller batch where there is one."""
-    shapes = [(batch, 1), (batch, 5), (1, 13)]
+    batch (fewer sequences where that would pass MAX_CASE_ROWS), one odd prompt alone, and an odd
+    smaller batch where there is one."""
+
+    def fit(b: int, seq: int) -> tuple[int, int]:
+        return max(1, min(b, MAX_CASE_ROWS // seq)), seq
+
+    shapes = [(batch, 1), fit(batch, 5), (1, 13)]
     if batch > 2:
-        shapes.append((batch - 1 if batch % 2 == 0 else batch - 2, 3))
+        shapes.append(fit(batch - 1 if batch % 2 == 0 else batch - 2, 3))
     return list(dict.fromkeys(shapes))
 
 

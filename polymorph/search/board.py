@@ -333,11 +333,18 @@ class Board:
     # --- workers ---------------------------------------------------------------------------------------
 
     def claim(
-        self, worker: str, lease_s: float, *, backend: str | None = None, target: str | None = None
+        self,
+        worker: str,
+        lease_s: float,
+        *,
+        backend: str | None = None,
+        target: str | None = None,
+        group_suffix: str | None = None,
     ) -> Candidate | None:
         """Take the oldest claimable candidate (open, or claimed under a lease that ran out) for
-        `lease_s` seconds, or None when there is none. Only candidates for `backend` and `target`, when
-        given. Atomic: no other process can claim the same candidate until the lease runs out."""
+        `lease_s` seconds, or None when there is none. Only candidates for `backend` and `target`, and
+        whose group ends with `group_suffix` (tune's `@bucket@model` qualifier), when given. Atomic: no
+        other process can claim the same candidate until the lease runs out."""
         worker = _name(worker, "the worker name")
         lease_s = _positive(lease_s, "lease_s")
         query = "SELECT * FROM candidates WHERE (state = 'open' OR (state = 'claimed' AND lease_until < ?))"
@@ -348,6 +355,9 @@ class Board:
         if target is not None:
             query += " AND target = ?"
             params.append(target)
+        if group_suffix is not None:
+            query += " AND substr(group_id, -?) = ?"
+            params += [len(group_suffix), group_suffix]
         query += " ORDER BY id LIMIT 1"
         with self._db.write() as c:
             now = time.time()

@@ -147,7 +147,11 @@ class CommandAgent(_External):
 
     def ask(self, prompt: str) -> str:
         try:
-            done = subprocess.run(shlex.split(self.command), input=prompt, capture_output=True, text=True,
+            argv = shlex.split(self.command)
+        except ValueError as e:
+            raise UserError(f"the agent command `{self.command}` does not parse: {e}") from None
+        try:
+            done = subprocess.run(argv, input=prompt, capture_output=True, text=True, errors="replace",
                                   timeout=self.timeout_s, check=False)  # fmt: skip
         except FileNotFoundError:
             raise UserError(f"the agent command `{self.command}` was not found") from None
@@ -179,7 +183,7 @@ class EndpointAgent(_External):
             raise UserError(f"the agent endpoint {url} answered HTTP {e.code}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise UserError(f"the agent endpoint {url} is unreachable: {e}") from None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"the agent endpoint {url} did not answer JSON") from None
         try:
             return str(reply["choices"][0]["message"]["content"])

@@ -103,7 +103,7 @@ def library_path(path: Path) -> str:
 def predicted_times(report: Any) -> dict[str, float]:
     """Group id -> predicted seconds from a compile report, falling back to bytes moved when the
     profile has no figures to predict from (the cpu profile before calibration)."""
-    times = {k.group: k.predicted_s for k in report.kernels if k.predicted_s}
+    times = {k.group: k.predicted_s for k in report.kernels if k.predicted_s is not None}  # views: 0
     if len(times) == len(report.kernels):
         return times
     return {k.group: float(k.bytes or 0.0) for k in report.kernels}

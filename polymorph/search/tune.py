@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board
@@ -147,7 +149,8 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
                               ctx=load["ctx"], budget_s=options["engine_budget_s"])  # fmt: skip
     try:
         while not stop.exists():
-            cand = board.claim(name, options["lease_s"], backend=load["backend"], target=load["profile"])
+            cand = board.claim(name, options["lease_s"], backend=load["backend"], target=load["profile"],
+                               group_suffix=f"@{load['scope']}")  # fmt: skip
             if cand is None:
                 time.sleep(0.05)
                 continue
@@ -193,9 +196,11 @@ def run_candidate(engine: Any, cand: Any, trials: int, sources: Path) -> tuple[b
     back: (ok, cause, measurements, gates)."""
     sources.mkdir(parents=True, exist_ok=True)
     path = sources / f"{cand.sha256}.py"
-    if not path.exists():
-        path.write_text(cand.source)
-    group = cand.group.rsplit("@", 1)[0]  # board_group: the node group, then the bucket
+    if not path.exists():  # written whole, then renamed: another worker may load the same file
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(cand.source)
+        os.replace(tmp, path)
+    group = cand.group.split("@", 1)[0]  # board_group: the node group, then its scope
     swap, gate = engine.try_candidate(group, path, dict(cand.config) or None)
     gates = gate_summary(gate)
     if not swap.ok:
@@ -273,17 +278,22 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     return report
 
 
-def board_group(group: str, bucket: str) -> str:
-    """The board's group field: the node group qualified by the bucket it is measured at, so the same
-    kernel for the same group at another bucket is another candidate (the board's dedup key)."""
-    return f"{group}@{bucket}"
+def board_group(group: str, scope: str) -> str:
+    """The board's group field: the node group qualified by `scope` (the bucket it is measured at and
+    the model's graph hash), so the same kernel for the same group name at another bucket or in another
+    model is another candidate (the board's dedup key), and a worker claims only its own scope's."""
+    return f"{group}@{scope}"
+
+
+def run_scope(bucket: str, graph_hash: str) -> str:
+    return f"{bucket}@{graph_hash[:12]}"
 
 
 class _Run:
     """The posting side of one bucket's run: what was posted, what came back."""
 
-    def __init__(self, board: Board, backend: str, profile: str, bucket: str) -> None:
-        self.board, self.backend, self.profile, self.bucket = board, backend, profile, bucket
+    def __init__(self, board: Board, backend: str, profile: str, scope: str) -> None:
+        self.board, self.backend, self.profile, self.scope = board, backend, profile, scope
         self.posted: dict[int, Proposal] = {}
         self.tried: dict[tuple, Outcome | None] = {}
         self.seen: set[int] = set()
@@ -292,7 +302,7 @@ class _Run:
         return [cid for cid in self.posted if cid not in self.seen]
 
     def post(self, p: Proposal) -> int:
-        cid = self.board.post(group=board_group(p.group, self.bucket), backend=self.backend, target=self.profile,
+        cid = self.board.post(group=board_group(p.group, self.scope), backend=self.backend, target=self.profile,
                               source=p.kernel.read_text(), config=dict(p.config), agent=p.agent,
                               reasoning=p.reasoning)  # fmt: skip
         self.posted.setdefault(cid, p)
@@ -331,7 +341,10 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.signatures = list(by_sig.values())
 
     board = Board(opts.board or opts.out / "board.sqlite")
-    run = _Run(board, opts.backend, profile, bucket_key)
+    from polymorph.ir import serialize
+
+    scope = run_scope(bucket_key, serialize.content_hash(plan.graph))
+    run = _Run(board, opts.backend, profile, scope)
     stock_ids: dict[int, str] = {}
     champions = {
         s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) for s in spaces.spaces
@@ -354,7 +367,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         )
 
     load = {"model": opts.model, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
-            "ctx": bucket.ctx}  # fmt: skip
+            "ctx": bucket.ctx, "scope": scope}  # fmt: skip
     stop = opts.out / f".stop-{bucket.id}"
     stop.unlink(missing_ok=True)
     options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
@@ -394,7 +407,10 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                 progress(_progress(result, run, procs, deadline))
             time.sleep(0.1)
     finally:
-        stop.touch()
+        try:
+            stop.touch()
+        except OSError:
+            pass  # the workers are killed below if they do not stop
         for p in procs:
             p.join(timeout=opts.engine_budget_s)
             if p.is_alive():
@@ -405,8 +421,18 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         _record(result, by_sig, stock_ids, run, p, r)
     board.close()
     result.agent_errors = [e for a in externals for e in a.errors]
-    _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
-    result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
+    try:
+        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
+    except (UserError, EngineError) as e:  # a champion hung or crashed the engine in whole steps
+        for sig in by_sig.values():
+            sig.chosen = False
+        result.ab = {"error": str(e), "plan": "untuned: the final A/B failed", "speedup": None,
+                     "stock_s": [], "tuned_s": [], "rounds": 0, "trials": 0, "gate": "not run"}  # fmt: skip
+        result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
+        return result
+    # Per-op champions go to the registry unless the final gate rejected them together.
+    if result.ab["gate"] == "passed":
+        _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
     if result.ab["speedup"] < 1.0 and any(s.chosen for s in by_sig.values()):
         # Faster kernel by kernel, not end to end in the same run: the untuned plan is the one written.
         for sig in by_sig.values():
@@ -530,11 +556,14 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
         for r in range(rounds):
             engine.reset()
             stock.append(_slow(engine, opts.ab_trials)["median_s"])
-            swapped = sum(
-                engine.swap(group, best["path"], best["config"]).ok
-                for space, best in winners.values()
-                for group in space.groups
-            )
+            swapped = 0
+            for sig, (space, best) in list(winners.items()):
+                ok = [engine.swap(group, best["path"], best["config"]).ok for group in space.groups]
+                swapped += sum(ok)
+                if not all(ok):  # a winner goes into every group of its signature, or into none
+                    for group in space.groups:
+                        engine.restore(group)
+                    del winners[sig]
             if r == 0 and swapped:
                 gate = engine.verify()
                 if not gate.ok:  # the champions together fail where each passed alone: keep none

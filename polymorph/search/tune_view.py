@@ -67,6 +67,10 @@ def print_report(report: TuneReport) -> None:
         if b.failed:
             console.line("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(b.failed.items())))
         ab = b.ab
+        if "error" in ab:
+            console.line(f"end to end: the final A/B failed ({ab['error']}); the untuned plan is written")
+            console.line(f"plan written ({ab['plan']}): {b.plan_dir}")
+            continue
         console.line(
             f"end to end, whole decode steps, same run, {ab['rounds']} alternating rounds: untuned "
             f"{' '.join(console.seconds(x) for x in ab['stock_s'])}, tuned "
