@@ -53,6 +53,10 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2); at M = 32 the folded
+    # norm took this group to 23 us, 13% of copy bandwidth.
+    {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4, "norm_prologue": True,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
 # The tl.dot epilogue (split of the accumulator, cos/sin, two cache stores) is register-heavy: 64 x 128
 # tiles on 8 warps compile without spills on both targets (177 registers on sm_90, 118 VGPRs on
@@ -227,11 +231,29 @@ def _rows(spec: Any, value: str) -> int:
 
 
 @triton.jit
+def _rms_rows(x_ptr, wn_ptr, n_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """n = x / rms * w_norm, rounded to n's dtype, one program per row: the norm as its own kernel for
+    the `norm_prologue` configs (the unfused graph's rmsnorm, rounded where the graph stores it)."""
+    row = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        sq += x * x
+    rms = tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        w = tl.load(wn_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
+        tl.store(n_ptr + row * K + k0 + ks, _to(x / rms * w, n_ptr.dtype.element_ty), mask=k0 + ks < K)
+
+
+@triton.jit
 def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr, pair0, offs_m,
               M, S, CTX_BLOCKS, eps, K: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
               BS: tl.constexpr, ROPE: tl.constexpr, TO_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr,
               USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr,
+              NORM: tl.constexpr):  # fmt: skip
     """One projection's BLOCK_N / 2 rope pairs from pair0 on, for rows offs_m: norm, GEMV/GEMM, bias,
     rounding, rope (ROPE), and the store into q_rope [M, H*DH] or a paged cache (TO_CACHE)."""
     HALF: tl.constexpr = DH // 2
@@ -243,10 +265,13 @@ def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr,
     w_rows = w_ptr + row * K
     x_rows = h_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
-        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+        acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     else:
-        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, True, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
-    y = acc / tl.sqrt(ss / K + eps)[:, None]
+        acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    if NORM:
+        y = acc / tl.sqrt(ss / K + eps)[:, None]
+    else:  # h is already the normalized activation (the norm_prologue path)
+        y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + row).to(tl.float32)[None, :]
     dtype = out_ptr.dtype.element_ty
@@ -286,7 +311,7 @@ def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_
                       K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
                       BS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                      EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     # h: [M, K]; wq: [HQ*DH, K]; wk, wv: [HKV*DH, K]; positions: [B, S]; block_table: [B, CTX_BLOCKS];
     # q: [M, HQ*DH]; caches: [blocks, BS, HKV, DH]
     PAIRS: tl.constexpr = BLOCK_N // 2
@@ -297,15 +322,15 @@ def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_
     if pid < NQ:
         _qkv_part(h_ptr, wn_ptr, wq_ptr, bq_ptr, invq_ptr, pos_ptr, table_ptr, q_ptr, pid * PAIRS, offs_m,
                   M, S, CTX_BLOCKS, eps, K, HQ, DH, BS, True, False, HAS_BIAS,
-                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
     elif pid < NQ + NK:
         _qkv_part(h_ptr, wn_ptr, wk_ptr, bk_ptr, invk_ptr, pos_ptr, table_ptr, kc_ptr, (pid - NQ) * PAIRS,
                   offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, True, True, HAS_BIAS,
-                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
     else:
         _qkv_part(h_ptr, wn_ptr, wv_ptr, bv_ptr, invk_ptr, pos_ptr, table_ptr, vc_ptr,
                   (pid - NQ - NK) * PAIRS, offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, False, True,
-                  HAS_BIAS, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)  # fmt: skip
+                  HAS_BIAS, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
 
 
 # --- the contract ------------------------------------------------------------------------------------
@@ -397,6 +422,11 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         inv = device_inv.get(h.device)
         if inv is None:
             inv = device_inv[h.device] = [t.to(h.device) for t in host_inv]
+        norm = not _prologue(config, tiles)
+        if not norm:  # the norm as its own kernel, then plain tiles over the normalized rows
+            n = torch.empty((m, d["K"]), dtype=h.dtype, device=h.device)
+            _rms_rows[(m,)](h, inputs[wn_i], n, eps, K=d["K"], BLOCK_K=_row_block(d["K"]), num_warps=4)
+            h = n
         grid = (_grid_n(d, tiles["BLOCK_N"]), triton.cdiv(m, tiles["BLOCK_M"]))
         _rmsnorm_qkv_rope[grid](
             h,
@@ -417,12 +447,22 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
             table.shape[-1],
             eps,
             HAS_BIAS=has_bias,
+            NORM=norm,
             **d,
             **tiles,
             **opts,
         )
 
     return launch
+
+
+def _prologue(config: dict[str, Any], tiles: dict[str, Any]) -> bool:
+    """The norm runs as its own kernel first: on the tl.dot path, where the config asks for it."""
+    return bool(config.get("norm_prologue")) and tiles["USE_DOT"]
+
+
+def _row_block(k: int) -> int:
+    return min(triton.next_power_of_2(k), 1024)
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
@@ -433,7 +473,8 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     dtype = str(spec.types[p["norm"].inputs[0]].dtype)
     cfg = _skinny(config, _rows(spec, p["norm"].inputs[0]), target)
     tiles = _tiles(d["K"], _rows(spec, p["norm"].inputs[0]), cfg, _ELEM_BYTES[dtype], target.warp_size)
-    consts = {**d, "HAS_BIAS": len(p["q"].inputs) == 3, **tiles}
+    norm = not _prologue(config, tiles)
+    consts = {**d, "HAS_BIAS": len(p["q"].inputs) == 3, "NORM": norm, **tiles}
     ptr = "*" + _FLOATS[dtype]
     sig = {
         **{name: ptr for name in ("h_ptr", "wn_ptr", "wq_ptr", "wk_ptr", "wv_ptr", "bq_ptr", "bk_ptr", "bv_ptr")},
@@ -442,4 +483,9 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         **{c: "constexpr" for c in consts},
     }  # fmt: skip
     name = f"rmsnorm_qkv_rope_{'gemm' if tiles['USE_DOT'] else 'gemv'}"
-    return [CompileUnit(name, _rmsnorm_qkv_rope, sig, consts, _options(cfg, tiles["USE_DOT"], target))]
+    units = [CompileUnit(name, _rmsnorm_qkv_rope, sig, consts, _options(cfg, tiles["USE_DOT"], target))]
+    if not norm:
+        rows = {"K": d["K"], "BLOCK_K": _row_block(d["K"])}
+        row_sig = {"x_ptr": ptr, "wn_ptr": ptr, "n_ptr": ptr, "eps": "fp32", **{c: "constexpr" for c in rows}}
+        units.insert(0, CompileUnit("rmsnorm_qkv_rope_rows", _rms_rows, row_sig, rows, {"num_warps": 4}))
+    return units
