@@ -255,6 +255,15 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
         raise UserError("--workers must be at least 1")
     backend = backends.get(opts.backend)
     profile = load_profile(opts.target or backend.targets[0]).id
+    if profile not in backend.targets:
+        raise UserError(
+            f"backend `{opts.backend}` does not serve chip `{profile}`; its chips: {', '.join(backend.targets)}"
+        )
+    probe = backend.probe()
+    if not probe.measure.ok:
+        raise UserError(
+            f"`tune` measures on the device, and backend `{opts.backend}` cannot here: {probe.measure.reason}"
+        )
     buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
     try:
         opts.out.mkdir(parents=True, exist_ok=True)
@@ -396,6 +405,10 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             for p, r in run.collect():
                 _record(result, by_sig, stock_ids, run, p, r)
             alive = [p for p in procs if p.is_alive()]
+            if len(alive) < opts.workers and result.workers_started >= 3 * opts.workers + 3:
+                raise UserError(
+                    f"the tune workers keep dying ({result.workers_started} started); see {opts.out / 'logs'}"
+                )
             for _ in range(opts.workers - len(alive)):  # a worker died: its claim will expire; replace it
                 start_worker()
             if not covered and run.inflight < 2 * opts.workers:

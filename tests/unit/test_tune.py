@@ -29,6 +29,17 @@ def test_budget_parsing() -> None:
             parse_budget(bad)
 
 
+def test_a_backend_that_cannot_measure_here_is_refused_in_one_line(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: cuda can measure here")
+    with pytest.raises(UserError, match="cannot here: no NVIDIA GPU"):
+        tune(TuneOptions(model="llama-tiny", backend="cuda", out=tmp_path))
+    with pytest.raises(UserError, match="does not serve chip `h200`"):
+        tune(TuneOptions(model="llama-tiny", backend="cpu", target="h200", out=tmp_path))
+
+
 def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
     out = tmp_path / "run"
     killed: list[int] = []
