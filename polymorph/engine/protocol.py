@@ -45,12 +45,16 @@ Ops (fields after the op name; every field not marked required has a default):
                 in_place: [input indices written in place by design], late: [bool per output]}
   measure   tier ("fast" | "slow"), trials (20), group (fast tier: the group to time; null: all).
             slow: whole decode steps at the loaded bucket (batch, ctx), fresh tokens for every call,
-            the cache restored afterwards. fast: each group's launch alone on one step's inputs.
+            the cache restored afterwards. fast: each group's launch alone on one step's inputs, in
+            the fast tier's engine (the model's first FAST_LAYERS layers on the same weights, loaded
+            beside the full one when the model has more; swaps reach both) where it has the group,
+            else in the full engine; `engine` says which. On a GPU: graph replay, device events.
             Times with the backend's timer (cpu: the host's perf_counter_ns; `timer` says
             "(replaced by a candidate)" when a candidate swapped in since the last swap replaced it:
             every swap puts the host's clock back before it builds).
             -> {tier, timer, median_s, spread_s (max - min), total_s (sum of trials), trials} (slow)
-               {tier, timer, groups: {id: {median_s, spread_s, total_s}}, bindings, trials} (fast)
+               {tier, timer, engine, groups: {id: {median_s, spread_s, total_s}}, bindings, trials}
+               (fast)
   status    -> {pid, loaded, model, backend, target, graph_hash, weight_loads, cache_allocations,
                 swaps, groups: {id: {kernel, sha256, candidate}}, plan: [as `load`'s groups]}
   reset     stock kernel back in every group, cache zeroed. -> {restored: [group ids]}

@@ -47,6 +47,9 @@ from polymorph.target import Target
 # allocated at load, whatever the bucket: the cache is never reallocated for it.
 VERIFY_BATCH = 4
 VERIFY_CTX = 64
+# The fast tier's engine: the first layers of the model on the same weights (and the embedding and
+# head), for cheap, low-variance timing of the groups it has; the slow tier runs every layer.
+FAST_LAYERS = 2
 
 # The host clock as the worker found it. A candidate may replace `time.perf_counter_ns` (the timer
 # `measure` reads); every swap puts this one back before it builds, so such a patch lives only as
@@ -72,6 +75,8 @@ class Worker:
 
     def __init__(self) -> None:
         self.exe: Executable | None = None
+        self.fast: Executable | None = None  # the fast tier's few-layer engine, where the model has more
+        self.fast_groups: set[str] = set()
         self.artifact: Artifact | None = None
         self.info: dict[str, Any] = {}
         self.weight_loads = 0
@@ -135,6 +140,8 @@ class Worker:
         exe.allocate_state(self.cache_blocks)
         self.cache_allocations += 1
         self.exe, self.artifact = exe, artifact
+        self.fast_groups = set()
+        self.fast = self._load_fast(model, backend, m, exe)
         self.bucket = (batch, ctx_blocks * self.block_size)
         self.stock.clear()
         self.verify_cache = None
@@ -153,6 +160,7 @@ class Worker:
             "bucket": {"batch": batch, "ctx": self.bucket[1]},
             "bindings": dict(bindings),
             "profile": artifact.plan.profile,
+            "fast_tier": f"{FAST_LAYERS}-layer engine" if self.fast is not None else "the full engine",
         }
         self.plan_groups = [
             {
@@ -166,6 +174,38 @@ class Worker:
             for g in artifact.plan.groups
         ]
         return {**self.info, "groups": self.plan_groups, "load_s": time.perf_counter() - t0}
+
+    def _load_fast(self, model: Any, backend: str, m: dict[str, Any], exe: Any) -> Any:
+        """The few-layer engine of the fast tier on the full engine's weights (GPU tensors shared), or
+        None where the model has no more layers than that or no config to rebuild it from."""
+        from polymorph import api
+        from polymorph.models import Model
+
+        cfg = model.config
+        if cfg is None or cfg.num_hidden_layers <= FAST_LAYERS:
+            return None
+        graph = model.rebuild(num_layers=FAST_LAYERS)
+        few = Model(name=f"{model.name}-{FAST_LAYERS}l", graph=graph, source=model.source, config=cfg)
+        art = api.lower(
+            few, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
+        )
+        params = getattr(exe, "params", {})
+        on_device = getattr(getattr(exe, "device", None), "type", "cpu") != "cpu"
+        weights = {n: params[n] if on_device else model.weights()[n] for n in graph.params}
+        fast = registry.get(art.plan.backend).load(art, weights)
+        fast.allocate_state(self.cache_blocks)
+        self.fast_groups = {g.id for g in art.plan.groups}
+        return fast
+
+    def _swap_fast(self, group: PlanGroup, launch: Launch | None, kernel: Any, config: Any) -> None:
+        """The same swap in the fast tier's engine, where it has the group."""
+        fast = self.fast
+        if fast is None or group.id not in self.fast_groups:
+            return
+        if callable(getattr(fast, "swap_kernel", None)):
+            fast.swap_kernel(group.id, kernel, config)
+        elif launch is not None:
+            fast.swap(group.id, launch)
 
     def op_swap(self, m: dict[str, Any]) -> dict[str, Any]:
         group = self._group(m["group"])
@@ -183,6 +223,7 @@ class Worker:
                 self.exe.swap_kernel(group.id, None, None)  # type: ignore[union-attr]
             else:
                 self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+            self._swap_fast(group, launch, None, None)
             self.current[group.id] = {
                 "kernel": group.kernel.file,
                 "sha256": group.kernel.sha256,
@@ -224,6 +265,7 @@ class Worker:
             self.exe.swap_kernel(group.id, kernel, config)  # type: ignore[union-attr]
         else:
             self.exe.swap(group.id, launch)  # type: ignore[union-attr]
+        self._swap_fast(group, launch, kernel, config)
         t2 = time.perf_counter()
         self.swaps += 1
         self.current[group.id] = {"kernel": str(path), "sha256": kernel.sha256, "candidate": True}
@@ -358,12 +400,17 @@ class Worker:
             if tier == "slow":
                 times = _time(lambda: self.exe.run(inputs()), trials, self._sync)  # type: ignore[union-attr]
                 return {"tier": tier, "timer": timer, "trials": trials, **_stats(times)}
+            only = m.get("group")
+            fast = self.fast
+            engine = fast if fast is not None and (only is None or only in self.fast_groups) else self.exe
             if self._device_timer():
-                groups, bindings = _time_groups_on_device(self.exe, inputs(), trials, m.get("group"))
+                groups, bindings = _time_groups_on_device(engine, inputs(), trials, only)
                 timer = "device events around CUDA/HIP graph replays, operands cold in L2"
             else:
-                groups, bindings = _time_groups(self.exe, inputs(), trials, m.get("group"), self._sync)
-            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups, "bindings": bindings}
+                groups, bindings = _time_groups(engine, inputs(), trials, only, self._sync)
+            where = f"{FAST_LAYERS}-layer engine" if engine is fast else "full engine"
+            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups, "bindings": bindings,
+                    "engine": where}  # fmt: skip
         finally:
             self._restore_state(saved)
 
