@@ -117,3 +117,16 @@ def test_a_new_traffic_file_retunes_only_its_new_buckets(tmp_path: Path) -> None
     assert by_bucket["b1-ctx16-32"].skipped and by_bucket["b2-ctx16-32"].skipped  # champions on file
     assert not by_bucket["b4-ctx16-32"].skipped  # the bucket the new traffic adds is tuned
     assert (tmp_path / "b" / "plan.json").exists() and (tmp_path / "b" / "b1-ctx16-32" / "plan.json").exists()
+
+
+def test_the_tune_command_prints_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from polymorph.cli import main
+
+    out = tmp_path / "cli"
+    code = main(["tune", "llama-tiny", "--backend", "cpu", "--budget", "40s", "--workers", "1",
+                 "--out", str(out), "--registry", str(tmp_path / "r.sqlite")])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "# bucket b1-ctx512-1024" in text and "end to end" in text and "plan written" in text
+    assert (out / "plan.json").exists() and (out / "tune-report.json").exists()
+    assert main(["tune", "llama-tiny", "--budget", "soon", "--out", str(out)]) == 2
