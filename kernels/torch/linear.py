@@ -5,7 +5,14 @@ import torch
 IMPLEMENTS = ("linear", "matmul")
 # weight_layout "nk" uses the checkpoint layout as is; "kn" stores the transpose once at build time
 # so the GEMM streams the weight row-major: a real choice on CPU, where one or the other wins by shape.
-CONFIGS = [{"weight_layout": "nk"}, {"weight_layout": "kn"}]
+# compute "f32" runs a bf16/f16 projection as an f32 GEMM on an f32 copy of the weight made once (the
+# output rounded once), for CPUs whose half-precision GEMM is slow; it changes nothing at f32.
+CONFIGS = [
+    {"weight_layout": "nk", "compute": "native"},
+    {"weight_layout": "kn", "compute": "native"},
+    {"weight_layout": "nk", "compute": "f32"},
+    {"weight_layout": "kn", "compute": "f32"},
+]
 
 
 def supports(spec):
@@ -22,23 +29,35 @@ def build(spec, config, target):
 
         return launch_matmul
 
-    transposed = {}
+    prepared = {}
+    kn = config["weight_layout"] == "kn"
+
+    def weight(w, f32):
+        """The weight as the GEMM takes it: transposed for "kn", f32 for "compute: f32"; made once.
+        Keyed by storage and version: a weight changed in place (a test, a hot swap) is re-read."""
+        if not (kn or f32):
+            return w
+        key = (w.data_ptr(), w._version, f32)
+        if key not in prepared:
+            prepared.clear()
+            v = w.float() if f32 else w
+            prepared[key] = (w, v.t().contiguous() if kn else v.contiguous())
+        return prepared[key][1]
 
     def launch(inputs, outputs, scratch):
         x, w = inputs[args[0]], inputs[args[1]]
         bias = inputs[args[2]] if len(args) == 3 else None
-        if config["weight_layout"] == "kn":
-            # Keyed by storage and version: a weight changed in place (a test, a hot swap) is re-read.
-            key = (w.data_ptr(), w._version)
-            wt = transposed.get(key)
-            if wt is None:
-                transposed.clear()
-                wt = transposed[key] = (w, w.t().contiguous())
-            y = torch.matmul(x, wt[1])  # [*, K] @ [K, N]
+        f32 = config.get("compute") == "f32" and x.dtype != torch.float32
+        if f32:
+            x = x.float()
+            bias = None if bias is None else bias.float()
+        wt = weight(w, f32)
+        if kn:
+            y = torch.matmul(x, wt)  # [*, K] @ [K, N]
             if bias is not None:
                 y = y + bias
         else:
-            y = torch.nn.functional.linear(x, w, bias)
+            y = torch.nn.functional.linear(x, wt, bias)
         outputs[0].copy_(y)
 
     return launch
