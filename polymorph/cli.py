@@ -452,6 +452,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     opts = TuneOptions(
         model=args.model, backend=args.backend or knobs.backend, target=args.target, traffic=args.traffic,
+        dtype=args.dtype or _default_dtype(args.backend or knobs.backend),
         batch=args.batch, ctx=args.ctx, budget_s=parse_budget(args.budget), workers=args.workers,
         out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
         agent_command=args.agent_command, agent_endpoint=args.agent_endpoint, agent_model=args.agent_model,
@@ -580,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
     c.add_argument("--target", help="chip profile id (default: the backend's first)")
     c.add_argument("--traffic", help="traffic shape TOML: its buckets are tuned, heaviest first")
+    c.add_argument("--dtype", help="weight and activation dtype (default f32 on cpu, bf16 elsewhere)")
     c.add_argument("--batch", type=int)
     c.add_argument("--ctx", type=int)
     c.add_argument(

@@ -58,6 +58,7 @@ class TuneOptions:
     backend: str = "cpu"
     target: str | None = None
     traffic: str | None = None
+    dtype: str | None = None  # weights and activations (default: f32 on cpu, as the zoo loads them)
     batch: int | None = None
     ctx: int | None = None
     budget_s: float = 60.0
@@ -145,7 +146,7 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
     board = Board(board_path)
     stop = Path(options["stop"])
     sources = Path(options["sources"])
-    engine = Controller.start(load["model"], load["backend"], load["profile"], batch=load["batch"],
+    engine = Controller.start(load["model"], load["backend"], load["profile"], batch=load["batch"], dtype=load["dtype"],
                               ctx=load["ctx"], budget_s=options["engine_budget_s"])  # fmt: skip
     try:
         while not stop.exists():
@@ -341,7 +342,10 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     from polymorph import api
 
     t0 = time.monotonic()
-    artifact = api.compile(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
+    from polymorph.models import load_model
+
+    model = load_model(opts.model, **({"dtype": opts.dtype} if opts.dtype else {}))
+    artifact = api.compile(model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
     plan = artifact.plan
     spaces = group_spaces(plan, backend.family, predicted_times(artifact.report))
     bucket_key = shape_bucket(bucket)
@@ -376,7 +380,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         )
 
     load = {"model": opts.model, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
-            "ctx": bucket.ctx, "scope": scope}  # fmt: skip
+            "ctx": bucket.ctx, "scope": scope, "dtype": opts.dtype}  # fmt: skip
     stop = opts.out / f".stop-{bucket.id}"
     stop.unlink(missing_ok=True)
     options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
@@ -561,7 +565,7 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
 
     winners = _winners(spaces, by_sig)
     t0 = time.perf_counter()
-    engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx,
+    engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx, dtype=opts.dtype,
                               budget_s=opts.engine_budget_s)  # fmt: skip
     stock, tuned, gate, swapped = [], [], None, 0
     try:
