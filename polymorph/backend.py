@@ -17,7 +17,7 @@ import importlib
 import importlib.metadata
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -99,12 +99,21 @@ class Backend(ABC):
         """Report what works here; must be cheap and must not initialize a device context."""
 
     @abstractmethod
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
+    def lower(
+        self,
+        graph: Graph,
+        profile: Profile,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        unfused: Collection[str] = (),
+    ) -> Plan:
         """Cut a verified graph into node groups and choose a kernel (file, hash, config) for each.
 
         `bindings` (a traffic bucket's dims: batch, seq, ctx_blocks, cache_blocks) are the shapes the
-        plan is made and predicted for; kernels may be chosen for them. The plan keeps the graph as
-        given. An op without a kernel raises UserError naming the op and the backends that have one.
+        plan is made and predicted for; kernels may be chosen for them. `unfused` names fusion patterns
+        of the backend's table not to use (tensor parallelism keeps the residual add out of the
+        row-parallel projections). The plan keeps the graph as given. An op without a kernel raises
+        UserError naming the op and the backends that have one.
         """
 
     @abstractmethod

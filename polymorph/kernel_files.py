@@ -139,6 +139,20 @@ def source_hash(source: bytes) -> str:
     return hashlib.sha256(source).hexdigest()
 
 
+def store_source(folder: Path, source: str) -> Path:
+    """`source` as `folder/<sha256>.py` (content-addressed, so the same text is one file), written whole
+    and then renamed: another process may load the same file at the same time."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{source_hash(source.encode())}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source, encoding="utf-8")  # the bytes the name hashes
+        os.replace(tmp, path)
+    return path
+
+
 def load_kernel(path: str | Path) -> KernelFile:
     """Load a kernel file as a fresh module; UserError naming the file if it breaks the contract."""
     path = Path(path)

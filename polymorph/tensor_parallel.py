@@ -6,7 +6,7 @@ lm_head are replicated. Two all-reduces per layer, as polymorph/parallel.py pric
 
 Each rank runs an ordinary plan: the decoder built for the rank's shard of the config
 (`shard_config`), lowered by the backend without the fusion that would put the residual add inside
-the row-parallel projection, its o/down groups followed by the all-reduce (`collective_groups`). The
+the row-parallel projection (`unfused`), its o/down groups followed by the all-reduce (`collective_groups`). The
 weights are the full model's, sliced per rank (`shard_weights`).
 
 Proven here: on CPU over gloo, TP=2 logits equal the single-process plan's (tests/unit/
@@ -95,25 +95,8 @@ def collective_groups(plan: Any) -> list[str]:
     return found
 
 
-def lower_rank(backend: Any, graph: Graph, profile: Any, bindings: Mapping[str, int]) -> Any:
-    """The rank's plan: the backend's lowering without the residual fused into a projection (the sum
-    of the ranks must come first)."""
-    from polymorph.lowering import lower_onto_library
-    from polymorph.passes import select_patterns
-
-    patterns = [p for p in _patterns(backend) if "residual" not in p]
-    return lower_onto_library(backend.name, backend.family, graph, profile, select_patterns(patterns),
-                              bindings=dict(bindings))  # fmt: skip
-
-
-def _patterns(backend: Any) -> tuple[str, ...]:
-    if backend.family == "torch":
-        from polymorph.backends.cpu.backend import CPU_PATTERNS
-
-        return CPU_PATTERNS
-    from polymorph.backends.gpu.backend import GPU_PATTERNS
-
-    return GPU_PATTERNS
+# The fusions that would add the residual inside a row-parallel projection, before the ranks' sum.
+UNFUSED = ("linear+residual",)
 
 
 class TensorParallel:
@@ -131,7 +114,7 @@ class TensorParallel:
             raise UserError("tensor parallelism needs torch.distributed initialized (one process per rank)")
         self.tp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         graph = shard_graph(full_graph, cfg, self.tp)
-        plan = lower_rank(backend, graph, profile, bindings)
+        plan = backend.lower(graph, profile, dict(bindings), unfused=UNFUSED)
         self.plan = plan
         self.collectives = collective_groups(plan)
         if len(self.collectives) != 2 * cfg.num_hidden_layers:
@@ -145,7 +128,9 @@ class TensorParallel:
         else:  # GPU executables: the hook runs after the group's launch; no graph capture across it
             self.exe.capture = False
             self.exe.collectives = {g: reduce for g in self.collectives}
-            self.exe.lower = lambda graph, prof, bindings: lower_rank(backend, graph, prof, bindings)
+            self.exe.lower = lambda graph, prof, bindings: backend.lower(
+                graph, prof, bindings, unfused=UNFUSED
+            )
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.exe.allocate_state(cache_blocks)

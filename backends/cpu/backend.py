@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,7 +34,14 @@ class CpuBackend(Backend):
         ok = Capability(True, "torch on the host CPU")
         return Probe(self.name, ok, ok, Capability(True, "host wall clock (perf_counter_ns)"))
 
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
+    def lower(
+        self,
+        graph: Graph,
+        profile: Profile,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        unfused: Collection[str] = (),
+    ) -> Plan:
         check_profile(self, profile)
         library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
         return lower_onto_library(
@@ -42,7 +49,7 @@ class CpuBackend(Backend):
             self.family,
             graph,
             profile,
-            select_patterns(CPU_PATTERNS),
+            select_patterns(p for p in CPU_PATTERNS if p not in unfused),
             library_call=library_call,
             bindings=bindings,
         )

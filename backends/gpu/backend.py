@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -80,11 +80,18 @@ class TritonBackend(Backend):
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.GRAPH_CAPTURE, Feature.AOT_COMPILE}
     )
 
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
+    def lower(
+        self,
+        graph: Graph,
+        profile: Profile,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        unfused: Collection[str] = (),
+    ) -> Plan:
         check_profile(self, profile)
-        patterns = GPU_PATTERNS
+        patterns = tuple(p for p in GPU_PATTERNS if p not in unfused)
         if bindings and bindings.get("batch", 1) * bindings.get("seq", 1) > FUSED_NORM_MAX_ROWS:
-            patterns = tuple(p for p in GPU_PATTERNS if not p.startswith("rmsnorm+"))
+            patterns = tuple(p for p in patterns if not p.startswith("rmsnorm+"))
         return lower_onto_library(
             self.name,
             self.family,

@@ -58,6 +58,7 @@ class GpuExecutable(Executable):
         self.poison = poison
         self.artifact_dir = artifact_dir
         self.alias = state_aliases(self.graph)
+        self._nodes = {n.name: n for n in self.graph.nodes}  # by name: a prefill step looks up every view
         missing = set(self.graph.params) - set(weights)
         if missing:
             raise UserError(f"weights for {len(missing)} params are missing, e.g. `{sorted(missing)[0]}`")
@@ -228,7 +229,7 @@ class GpuExecutable(Executable):
         ):
             return None
         x = env[group.inputs[0]]
-        node = self.graph.node(group.nodes[0])
+        node = self._nodes[group.nodes[0]]
         if group.pattern == "reshape":
             return x.view(concrete(types[group.outputs[0]].shape)) if x.is_contiguous() else None
         axis = node.attrs["axis"] % x.dim()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -101,10 +101,22 @@ class NeuronBackend(Backend):
         run = Capability(True, "JAX on XLA's CPU backend: numerics only, not Trainium")
         return Probe(self.name, compile_ok, run, Capability(False, "needs " + "; ".join(missing)), details)
 
-    def lower(self, graph: Graph, profile: Profile, bindings: Mapping[str, int] | None = None) -> Plan:
+    def lower(
+        self,
+        graph: Graph,
+        profile: Profile,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        unfused: Collection[str] = (),
+    ) -> Plan:
         check_profile(self, profile)
         return lower_onto_library(
-            self.name, self.family, graph, profile, select_patterns(NEURON_PATTERNS), bindings=bindings
+            self.name,
+            self.family,
+            graph,
+            profile,
+            select_patterns(p for p in NEURON_PATTERNS if p not in unfused),
+            bindings=bindings,
         )
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import source_hash
+from polymorph.kernel_files import store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal
 
 CONTRACT = (
@@ -134,9 +134,7 @@ class _External(ABC):
         except UserError as e:
             self.errors.append(f"{space.group}: {e}")
             return []
-        self.sources.mkdir(parents=True, exist_ok=True)
-        path = self.sources / f"{source_hash(source.encode())}.py"
-        path.write_text(source)
+        path = store_source(self.sources, source)
         return [Proposal(space.signature, space.group, path, config, self.name, reasoning[:4000])]
 
 

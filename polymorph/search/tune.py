@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import statistics
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
+from polymorph.kernel_files import store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
@@ -195,12 +195,7 @@ class _Heartbeat:
 def run_candidate(engine: Any, cand: Any, trials: int, sources: Path) -> tuple[bool, str, dict, dict]:
     """Swap, gate (the timing gates' fast-tier measurement is the one that counts), put the stock kernel
     back: (ok, cause, measurements, gates)."""
-    sources.mkdir(parents=True, exist_ok=True)
-    path = sources / f"{cand.sha256}.py"
-    if not path.exists():  # written whole, then renamed: another worker may load the same file
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(cand.source)
-        os.replace(tmp, path)
+    path = store_source(sources, cand.source)
     group = cand.group.split("@", 1)[0]  # board_group: the node group, then its scope
     swap, gate = engine.try_candidate(group, path, dict(cand.config) or None)
     gates = gate_summary(gate)
@@ -368,7 +363,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         stock_ids[run.post(stock)] = space.signature
         champ = champions[space.signature]
         if champ is not None:
-            path = _source_file(opts.out, champ.source)
+            path = store_source(opts.out / "sources", champ.source)
             space.champion = (path, dict(champ.config))
             run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
                               f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
@@ -494,17 +489,6 @@ def _external_agents(opts: TuneOptions, spaces: list[GroupSpace], by_sig: dict, 
         agents.append(EndpointAgent("endpoint", sources, context_of, opts.agent_calls, base_url=opts.agent_endpoint,
                                     model=opts.agent_model, api_key=opts.agent_api_key))  # fmt: skip
     return agents
-
-
-def _source_file(out: Path, source: str) -> Path:
-    from polymorph.kernel_files import source_hash
-
-    folder = out / "sources"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{source_hash(source.encode())}.py"
-    if not path.exists():
-        path.write_text(source)
-    return path
 
 
 def _record(result: BucketResult, by_sig: dict, stock_ids: dict, run: _Run, p: Proposal, r: Any) -> None:
