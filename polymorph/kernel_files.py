@@ -14,12 +14,18 @@ Optional:
               ahead-of-time compilation to device code without the device (PTX/cubin, AMDGCN/HSACO)
 A file is loaded by path as a fresh module every time (the hot-reload primitive) and is named by the
 sha256 of its source, so a plan names exactly the code it was built with.
+
+Code several kernel files share lives in a module whose name starts with `_` (never a kernel itself),
+which a kernel file takes with `depend("triton/_projection.py", "<sha256>")`: the pinned hash is part
+of the kernel file's own text, so the kernel's name still covers every line it runs. After editing a
+shared module, `python -m polymorph.kernel_files --repin` rewrites the pins in the library.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -107,6 +113,7 @@ class KernelFile:
     implements: tuple[str, ...]
     configs: tuple[dict[str, Any], ...]
     module: ModuleType = field(repr=False, compare=False)
+    depends: tuple[tuple[str, str], ...] = ()  # (library path, sha256) of each shared module it took
 
     @property
     def name(self) -> str:
@@ -153,6 +160,60 @@ def store_source(folder: Path, source: str) -> Path:
     return path
 
 
+@dataclass
+class _Loading:
+    folder: Path  # where the kernel file being imported lies (a compile output keeps copies there)
+    depends: list[tuple[str, str]] = field(default_factory=list)
+
+
+_LOADING: list[_Loading] = []  # the kernel files being imported, innermost last
+
+
+def depend(name: str, sha256: str) -> ModuleType:
+    """The shared module `name` (a path under kernels/, e.g. "triton/_projection.py") at exactly
+    `sha256`, for a kernel file to call at import. The copy beside the importing file (`<sha256>.py`,
+    as a compile output stores it) is taken first, else the library's; any other content is an
+    ImportError, never a silent substitution. One module object per content hash: a changed shared
+    module is a new module, and kernels that pin the same one share its compiled Triton functions."""
+    folders = [_LOADING[-1].folder / f"{sha256}.py"] if _LOADING else []
+    for path in (*folders, kernels_root() / name):
+        if not path.is_file():
+            continue
+        source = path.read_bytes()
+        if source_hash(source) != sha256:
+            if path.name == f"{sha256}.py":
+                continue  # a damaged copy: the library may still hold the right text
+            raise ImportError(
+                f"the kernel needs {name} at sha256 {sha256[:12]} but {path} is {source_hash(source)[:12]}: "
+                "after editing a shared module, run `python -m polymorph.kernel_files --repin`"
+            )
+        module = _import(path, f"polymorph_kernel_{Path(name).stem}_{sha256[:16]}", reuse=True)
+        for loading in _LOADING:  # every kernel being imported needs it and what it depends on
+            loading.depends.extend(d for d in ((name, sha256), *module.__polymorph_depends__)
+                                   if d not in loading.depends)  # fmt: skip
+        return module
+    raise ImportError(f"the kernel needs {name} (sha256 {sha256[:12]}), which is in no searched folder")
+
+
+def _import(path: Path, mod_name: str, *, reuse: bool = False) -> ModuleType:
+    if reuse and mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
+    _LOADING.append(_Loading(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    finally:
+        loading = _LOADING.pop()
+    module.__dict__.setdefault("__polymorph_depends__", tuple(loading.depends))
+    return module
+
+
 def load_kernel(path: str | Path) -> KernelFile:
     """Load a kernel file as a fresh module; UserError naming the file if it breaks the contract."""
     path = Path(path)
@@ -161,15 +222,9 @@ def load_kernel(path: str | Path) -> KernelFile:
     except OSError as e:
         raise UserError(f"{path}: cannot read the kernel file ({e.strerror})") from None
     digest = source_hash(source)
-    mod_name = f"polymorph_kernel_{path.stem}_{digest[:16]}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
     try:
-        spec.loader.exec_module(module)
+        module = _import(path, f"polymorph_kernel_{path.stem}_{digest[:16]}")
     except Exception as e:  # a candidate's own code: report it, never crash the caller
-        sys.modules.pop(mod_name, None)
         raise UserError(f"{path}: the kernel file fails to import: {type(e).__name__}: {e}") from None
     for attr in ("IMPLEMENTS", "CONFIGS", "supports", "build"):
         if not hasattr(module, attr):
@@ -179,7 +234,7 @@ def load_kernel(path: str | Path) -> KernelFile:
     configs = tuple(dict(c) for c in module.CONFIGS)
     if not configs:
         raise UserError(f"{path}: CONFIGS is empty; give at least the default config")
-    return KernelFile(path, digest, implements, configs, module)
+    return KernelFile(path, digest, implements, configs, module, module.__polymorph_depends__)
 
 
 def kernel_library(family: str) -> list[KernelFile]:
@@ -224,4 +279,49 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
             src = Path(group.kernel.file)
             shutil.copyfile(src if src.is_absolute() else kernels_root() / src, dest)
             written.append(str(dest.relative_to(out_dir)))
+        for name, sha in load_kernel(dest).depends:  # the shared modules it pins, beside it
+            dep = kernel_dir / f"{sha}.py"
+            if not dep.exists():
+                shutil.copyfile(kernels_root() / name, dep)
+                written.append(str(dep.relative_to(out_dir)))
     return written
+
+
+_PIN = re.compile(r'depend\(\s*"([^"]+)",\s*"([0-9a-f]{64})"\s*\)')
+
+
+def pinned_sources(source: str) -> list[tuple[str, str]]:
+    """(name, text) of each shared module a kernel's source pins, from the library (for prompts and
+    reviews: the code a kernel runs is its own text and these)."""
+    out = []
+    for name, sha in _PIN.findall(source):
+        path = kernels_root() / name
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if source_hash(text.encode()) == sha:
+            out.append((name, text))
+    return out
+
+
+def repin(root: Path | None = None) -> list[Path]:
+    """Rewrite every library kernel's `depend(name, sha)` pin to the shared module's current hash;
+    the files changed. For maintainers after editing a shared module (`--repin`)."""
+    root = root or kernels_root()
+    changed = []
+    for path in sorted(root.glob("*/*.py")):
+        text = path.read_text(encoding="utf-8")
+
+        def current(m: re.Match[str]) -> str:
+            return f'depend("{m[1]}", "{source_hash((root / m[1]).read_bytes())}")'
+
+        new = _PIN.sub(current, text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--repin"]:
+        sys.exit("usage: python -m polymorph.kernel_files --repin")
+    for changed_path in repin():
+        print(f"repinned {changed_path}")

@@ -24,12 +24,13 @@ projection's output is an output of the group.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from polymorph.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm+linear"
 
@@ -67,175 +68,13 @@ def configs(target: Any) -> list[dict[str, Any]]:
     return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
 
 
-# Triton's interpreter (3.6-3.9) multiplies bf16 tl.dot operands as their raw 16-bit patterns, so under
-# TRITON_INTERPRET the GEMM path upcasts its operands to fp32 first: exact, since bf16 products are
-# exact in fp32. Compiled code (and AOT compilation, which never runs interpreted) is unaffected.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-_FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
-_ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
-GEMV_MAX_M = 2  # H200: at M=4 the tl.dot path (block_m 16) beat the GEMV 1.7x; at M=2 they tie
-GEMV_TILE_REGS = 64  # fp32 accumulator registers a thread may hold in the GEMV
-
-SKINNY_MAX_M = 64  # 2 < M <= 64 (decode at batch 3-64): narrow tl.dot tiles, so enough programs stream W
-
-
-def _skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
-    """The config a launch of M rows uses: for GEMV_MAX_M < M <= SKINNY_MAX_M the GEMM tile takes the
-    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps; 4 stages on cuda, 2 on rocm's
-    smaller LDS), since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked
-    32 x 32 x 128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
-    if not GEMV_MAX_M < m <= SKINNY_MAX_M:
-        return config
-    stages = 2 if target.family == "rocm" else 4
-    return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
-            "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
-
-
-# --- the projection core (the same in each projection kernel file: a file is hashed on its own) -----
-
-
-@triton.jit
-def _to(x, dtype: tl.constexpr):
-    """x.to(dtype), rounded to nearest even as compiled code does. The interpreter (3.6-3.9) truncates
-    fp32 -> bf16, so under it the rounding is done on the bits first."""
-    if _INTERPRETED and dtype == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
-@triton.jit
-def _gemv_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
-    """GEMV: acc[BLOCK_M, BLOCK_N] = (x * w_norm) @ W^T over K and, with NORM, ss[BLOCK_M] = sum(x^2),
-    both fp32; x_rows [BLOCK_M] and w_rows [BLOCK_N] are row pointers. Products accumulate elementwise
-    in a [BLOCK_M, BLOCK_N, BLOCK_K] tile and are reduced once after the loop (loads and FMAs only in
-    the loop body)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        wp = w_rows[:, None] + ks[None, :]  # [BLOCK_N, BLOCK_K]
-        xp = x_rows[:, None] + ks[None, :]  # [BLOCK_M, BLOCK_K]
-        if HINT:  # rows start 16-byte aligned: 16-byte vector loads, in AOT units as in the JIT
-            wp = tl.multiple_of(wp, [16, 16])
-            xp = tl.multiple_of(xp, [16, 16])
-        if EVEN_K:
-            w = tl.load(wp)
-            x = tl.load(xp).to(tl.float32)
-        else:
-            w = tl.load(wp, mask=(ks < K)[None, :], other=0.0)
-            x = tl.load(xp, mask=(ks < K)[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            sq += x * x
-            x = x * tl.load(wn_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
-        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
-    return tl.sum(acc, axis=2), tl.sum(sq, axis=1)
-
-
-@triton.jit
-def _gemm_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
-    """GEMM: the same results through tl.dot tiles (wgmma / MFMA). With NORM the A tile is scaled by
-    w_norm and rounded to the activation dtype before the dot (the MMA takes that dtype)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    xp = x_rows[:, None] + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-    wp = w_rows[:, None] + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if HINT:
-            xp = tl.multiple_of(xp, [16, 16])
-            wp = tl.multiple_of(wp, [16, 16])
-        if EVEN_K:
-            a = tl.load(xp)
-            b = tl.load(wp)
-        else:
-            kmask = (k0 + offs_k < K)[None, :]
-            a = tl.load(xp, mask=kmask, other=0.0)
-            b = tl.load(wp, mask=kmask, other=0.0)
-        if NORM:
-            af = a.to(tl.float32)
-            ss += tl.sum(af * af, axis=1)
-            wn = tl.load(wn_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            a = _to(af * wn[None, :], a.dtype)
-        if _INTERPRETED:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if a.dtype == tl.float32:
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc)
-        xp += BLOCK_K
-        wp += BLOCK_K
-    return acc, ss
-
-
-def _tiles(k: int, m: int, config: dict[str, Any], elem: int, warp: int) -> dict[str, Any]:
-    """The path and tile constexprs one launch of M rows uses (the one source for build and AOT):
-    the GEMV for M <= GEMV_MAX_M (one row block holds every M), else tl.dot tiles."""
-    if m <= GEMV_MAX_M:
-        block_m, block_n = triton.next_power_of_2(m), config["gemv_block_n"]
-        cap = GEMV_TILE_REGS * warp * config["gemv_warps"] // (block_m * block_n)
-        block_k = max(
-            16, min(config["gemv_block_k"], triton.next_power_of_2(k), triton.next_power_of_2(cap + 1) // 2)
-        )
-        return {"USE_DOT": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                "EVEN_K": k % block_k == 0, "HINT": k % (16 // elem) == 0}  # fmt: skip
-    block_m = min(config["block_m"], max(16, triton.next_power_of_2(m)))
-    return {"USE_DOT": True, "BLOCK_M": block_m, "BLOCK_N": config["block_n"], "BLOCK_K": config["block_k"],
-            "EVEN_K": k % config["block_k"] == 0, "HINT": k % (16 // elem) == 0}  # fmt: skip
-
-
-def _options(config: dict[str, Any], use_dot: bool, target: Any) -> dict[str, Any]:
-    if use_dot:
-        opts = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    else:
-        opts = {"num_warps": config["gemv_warps"], "num_stages": 1}
-    if target.family == "rocm" and "waves_per_eu" in config:
-        opts["waves_per_eu"] = config["waves_per_eu"]
-    return opts
-
-
-def _check_aligned(where: str, *tensors: Any) -> None:
-    for t in tensors:
-        if t.data_ptr() % 16:
-            raise ValueError(
-                f"{where} (triton): a {tuple(t.shape)} operand is not 16-byte aligned (data_ptr "
-                f"{t.data_ptr():#x}); the kernel's vector loads need aligned, contiguous tensors"
-            )
-
-
-def _rows(spec: Any, value: str) -> int:
-    m = 1
-    for d in spec.types[value].shape[:-1]:
-        m *= int(d)
-    return m
+# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
+# pinned by content hash.
+_p = depend("triton/_projection.py", "224c981d4381909097a364357a556b4f9067d13f3369747d1e9e13f974ee3c9e")
+_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
 # --- the kernel --------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _rms_rows(x_ptr, wn_ptr, n_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """n = x / rms * w_norm, rounded to n's dtype, one program per row: the norm as its own kernel for
-    the `norm_prologue` configs (the unfused graph's rmsnorm, rounded where the graph stores it)."""
-    row = tl.program_id(0).to(tl.int64)
-    ks = tl.arange(0, BLOCK_K)
-    sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        sq += x * x
-    rms = tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + row * K + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        w = tl.load(wn_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        tl.store(n_ptr + row * K + k0 + ks, _to(x / rms * w, n_ptr.dtype.element_ty), mask=k0 + ks < K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -293,7 +132,7 @@ def supports(spec: Any) -> bool:
     norm, linears = _parts(spec)
     values = {v for n in spec.nodes for v in (*n.inputs, *n.outputs)}
     dtypes = {spec.types[v].dtype for v in values}
-    if len(dtypes) != 1 or str(next(iter(dtypes))) not in _FLOATS:
+    if len(dtypes) != 1 or str(next(iter(dtypes))) not in _p.FLOATS:
         return False
     k = spec.types[norm.inputs[1]].shape[0]
     for lin in linears:
@@ -327,7 +166,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     x_i, wn_i = spec.args(norm)
     eps = float(spec.attrs(norm)["eps"])
     k = spec.types[norm.inputs[1]].shape[0]
-    elem = _ELEM_BYTES[str(spec.types[norm.inputs[0]].dtype)]
+    elem = _p.ELEM_BYTES[str(spec.types[norm.inputs[0]].dtype)]
     n_out = spec.outputs.index(norm.outputs[0]) if norm.outputs[0] in spec.outputs else None
     launches = _launches(spec)
     plans: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
@@ -338,21 +177,19 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            cfg = _skinny(config, m, target)
-            tiles = _tiles(k, m, cfg, elem, target.warp_size)
-            plans[m] = (tiles, _options(cfg, tiles["USE_DOT"], target))
+            plans[m] = _p.launch_plan(config, m, k, elem, target)
         tiles, opts = plans[m]
         n_buf = outputs[n_out] if n_out is not None else x
-        norm = not _prologue(config, tiles)
+        norm = not _p.norm_prologue(config, tiles)
         if not norm:  # the norm as its own kernel (into the norm's output when the group has one)
             if n_out is None:
                 n_buf = torch.empty((m, k), dtype=x.dtype, device=x.device)
-            _rms_rows[(m,)](x, wn, n_buf, eps, K=k, BLOCK_K=_row_block(k), num_warps=4)
+            _p.rms_rows[(m,)](x, wn, n_buf, eps, K=k, BLOCK_K=_p.row_block(k), num_warps=4)
             x = n_buf
         for p in launches:
             w = inputs[p["w"]]
             if tiles["HINT"]:
-                _check_aligned("rmsnorm+linear", x, w)
+                _p.check_aligned("rmsnorm+linear", x, w)
             bias = inputs[p["b"]] if p["b"] is not None else w  # any pointer when there is no bias
             grid = (triton.cdiv(p["N"], tiles["BLOCK_N"]), triton.cdiv(m, tiles["BLOCK_M"]))
             _rmsnorm_linear[grid](
@@ -376,31 +213,20 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def _prologue(config: dict[str, Any], tiles: dict[str, Any]) -> bool:
-    """The norm runs as its own kernel first: on the tl.dot path, where the config asks for it."""
-    return bool(config.get("norm_prologue")) and tiles["USE_DOT"]
-
-
-def _row_block(k: int) -> int:
-    return min(triton.next_power_of_2(k), 1024)
-
-
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     from polymorph.kernel_files import CompileUnit
 
     norm, _ = _parts(spec)
     k = spec.types[norm.inputs[1]].shape[0]
     dtype = str(spec.types[norm.inputs[0]].dtype)
-    cfg = _skinny(config, _rows(spec, norm.inputs[0]), target)
-    tiles = _tiles(k, _rows(spec, norm.inputs[0]), cfg, _ELEM_BYTES[dtype], target.warp_size)
-    opts = _options(cfg, tiles["USE_DOT"], target)
-    ptr = "*" + _FLOATS[dtype]
+    tiles, opts = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    ptr = "*" + _p.FLOATS[dtype]
     units: dict[str, Any] = {}
-    norm = not _prologue(config, tiles)
+    norm = not _p.norm_prologue(config, tiles)
     if not norm:
-        rows = {"K": k, "BLOCK_K": _row_block(k)}
+        rows = {"K": k, "BLOCK_K": _p.row_block(k)}
         row_sig = {"x_ptr": ptr, "wn_ptr": ptr, "n_ptr": ptr, "eps": "fp32", **{c: "constexpr" for c in rows}}
-        units["rows"] = CompileUnit("rmsnorm_linear_rows", _rms_rows, row_sig, rows, {"num_warps": 4})
+        units["rows"] = CompileUnit("rmsnorm_linear_rows", _p.rms_rows, row_sig, rows, {"num_warps": 4})
     for p in _launches(spec):
         consts = {"N": p["N"], "K": k, "HAS_BIAS": p["b"] is not None, "WRITE_NORM": p["WRITE_NORM"] and norm,
                   "NORM": norm, **tiles}  # fmt: skip

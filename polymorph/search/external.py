@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import store_source
+from polymorph.kernel_files import pinned_sources, store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal
 
 CONTRACT = (
@@ -66,6 +66,16 @@ def build_prompt(space: GroupSpace, context: Mapping[str, Any], best: tuple[Path
         "```python",
         path.read_text().rstrip(),
         "```",
+    ]
+    for name, text in pinned_sources(path.read_text()):
+        lines += [
+            f"It takes the shared module `{name}` through its `depend(...)` line, pinned by content hash: keep "
+            "that line to use this code as it is, or copy what you change into your file.",
+            "```python",
+            text.rstrip(),
+            "```",
+        ]
+    lines += [
         "Answer with the complete new kernel file in one ```python block, then optionally one line "
         "`CONFIG: {...}` naming the config to measure, and say briefly why it should be faster.",
     ]

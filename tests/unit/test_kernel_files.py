@@ -1,0 +1,99 @@
+"""Shared kernel modules (`kernel_files.depend`): pinned by content hash in the kernel's own text, so a
+plan's kernel hash still names every line it runs; carried into compile outputs; never substituted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from polymorph import api, kernel_files
+from polymorph.errors import UserError
+from polymorph.models import load_model
+
+PIN = re.compile(r'depend\(\s*"([^"]+)",\s*"([0-9a-f]{64})"\s*\)')
+LIBRARY = kernel_files.kernels_root()
+
+
+def pinning_files() -> list[Path]:
+    return [p for p in sorted(LIBRARY.glob("*/*.py")) if PIN.search(p.read_text())]
+
+
+def test_every_pin_in_the_library_names_the_shared_module_as_it_is() -> None:
+    files = pinning_files()
+    assert len(files) >= 4  # linear+residual and the three rmsnorm-fused projections
+    for path in files:
+        for name, sha in PIN.findall(path.read_text()):
+            now = kernel_files.source_hash((LIBRARY / name).read_bytes())
+            assert sha == now, f"{path.name} pins {name} at {sha[:12]}, it is {now[:12]}: run --repin"
+
+
+def test_a_kernel_records_what_it_depends_on_and_shares_one_module_per_hash() -> None:
+    a = kernel_files.load_kernel(LIBRARY / "triton" / "rmsnorm_linear.py")
+    b = kernel_files.load_kernel(LIBRARY / "triton" / "linear_residual.py")
+    assert a.depends == b.depends and a.depends[0][0] == "triton/_projection.py"
+    assert a.module._p is b.module._p  # one compiled core for every kernel that pins it
+    again = kernel_files.load_kernel(LIBRARY / "triton" / "rmsnorm_linear.py")
+    assert again.module is not a.module  # the kernel file itself is still a fresh module each load
+
+
+def test_a_stale_pin_is_one_clear_error(tmp_path: Path) -> None:
+    source = (LIBRARY / "triton" / "linear_residual.py").read_text()
+    name, sha = PIN.search(source).groups()
+    stale = tmp_path / "linear_residual.py"
+    stale.write_text(source.replace(sha, "0" * 64))
+    with pytest.raises(UserError, match=r"_projection\.py at sha256 000000000000 .*--repin"):
+        kernel_files.load_kernel(stale)
+
+
+def test_repin_rewrites_only_stale_pins(tmp_path: Path) -> None:
+    root = tmp_path / "kernels"
+    (root / "triton").mkdir(parents=True)
+    shared = root / "triton" / "_shared.py"
+    shared.write_text("X = 1\n")
+    user = root / "triton" / "user.py"
+    user.write_text(f'm = depend("triton/_shared.py", "{"a" * 64}")\n')
+    fresh = root / "triton" / "fresh.py"
+    current = kernel_files.source_hash(shared.read_bytes())
+    fresh.write_text(f'm = depend("triton/_shared.py", "{current}")\n')
+    assert kernel_files.repin(root) == [user]
+    assert PIN.search(user.read_text())[2] == current
+
+
+def test_a_compile_output_carries_the_shared_modules_its_kernels_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = api.lower(load_model("llama-tiny", dtype="bf16"), "cuda").plan
+    pinned = [
+        g
+        for g in plan.groups
+        if PIN.search(kernel_files.load_choice(g.kernel.file, g.kernel.sha256).path.read_text())
+    ]
+    assert pinned, "the cuda plan of llama-tiny uses no kernel with a shared module"
+    written = kernel_files.copy_kernel_sources(plan, tmp_path)
+    shared = kernel_files.source_hash((LIBRARY / "triton" / "_projection.py").read_bytes())
+    assert f"kernels/{shared}.py" in written
+    # Without the library (another installed version), every kernel loads from the output alone.
+    empty = tmp_path / "no-library"
+    empty.mkdir()
+    monkeypatch.setattr(kernel_files, "kernels_root", lambda: empty)
+    for group in pinned:
+        kernel = kernel_files.load_choice(group.kernel.file, group.kernel.sha256, tmp_path)
+        assert kernel.depends == (("triton/_projection.py", shared),)
+
+
+def test_an_agent_prompt_shows_the_shared_code_the_best_kernel_runs() -> None:
+    from polymorph.search.external import build_prompt
+
+    class Space:
+        group, groups, signature, pattern, share = (
+            "layers.0.mlp.down+residual",
+            ["g"],
+            "sig",
+            "linear+residual",
+            0.1,
+        )
+
+    prompt = build_prompt(Space(), {}, (LIBRARY / "triton" / "linear_residual.py", {}))
+    assert "def gemv_tile(" in prompt and "shared module `triton/_projection.py`" in prompt
