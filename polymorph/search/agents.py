@@ -230,6 +230,11 @@ class Schedule:
     per_round: int = 2
     _cursor: int = field(default=0, init=False)
 
+    @property
+    def waiting(self) -> bool:
+        """Some agent has a call out (an external agent's answer still to come)."""
+        return any(getattr(a, "waiting", False) for a in self.agents)
+
     def next_batch(self, tried: Mapping[tuple, Outcome | None], limit: int) -> list[Proposal]:
         ordered = sorted(self.spaces, key=lambda s: -s.share)
         out: list[Proposal] = []

@@ -5,7 +5,9 @@ the profile's figures, the group's share of the step and its roofline gap (measu
 the cost model's floor, when measured), the kernel-file contract, and the current best source with its
 config. Both must answer with one kernel file in a ```python fenced block (a bare file is taken too),
 optionally followed by a line `CONFIG: {json}`; the text outside the block is kept as the reasoning.
-The answer is a candidate like any other: it goes to the board and through every gate.
+The answer is a candidate like any other: it goes to the board and through every gate. A call runs on
+a thread of the agent's own (`parallel_calls` at a time), so a minute-long LLM answer never stalls the
+loop that feeds the workers; `propose` hands the answer over on a later round.
 
 - CommandAgent: runs a shell command (an LLM CLI, a script), prompt on stdin, answer on stdout.
 - EndpointAgent: POST {base}/chat/completions (OpenAI's chat API) with the prompt as the user message;
@@ -20,10 +22,13 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,15 +117,47 @@ class _External(ABC):
     sources: Path  # where proposed files are written, by content hash
     context_of: Callable[[GroupSpace], Mapping[str, Any]] = lambda space: {}
     calls_per_space: int = 1
+    parallel_calls: int = 2
     asked: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    _calls: dict[str, Future[list[Proposal]]] = field(default_factory=dict, init=False, repr=False)
 
     @abstractmethod
     def ask(self, prompt: str) -> str:
         """The agent's answer to `prompt`; UserError with the cause when there is none."""
 
+    @property
+    def waiting(self) -> bool:
+        """A call is out, or answered and not yet handed over: the search is not over."""
+        return bool(self._calls)
+
+    def settle(self, timeout_s: float | None = None) -> None:
+        """Wait for the calls that are out (tests, and a caller with time to spare)."""
+        wait_futures(list(self._calls.values()), timeout=timeout_s)
+
+    def close(self) -> None:
+        """Stop taking answers; a call still out is recorded as unanswered and abandoned (its thread is
+        a daemon: it never holds the process past the budget)."""
+        for signature, call in self._calls.items():
+            if not call.done():
+                self.errors.append(f"{signature}: still answering when the budget ran out")
+        self._calls.clear()
+
     def propose(self, space: GroupSpace, tried: Mapping[tuple, Outcome | None], limit: int) -> list[Proposal]:
-        if limit < 1 or self.asked.get(space.signature, 0) >= self.calls_per_space:
+        """The answer to this space's call once it has come (else []); a new call when none is out and
+        the space has calls left. Never blocks."""
+        call = self._calls.get(space.signature)
+        if call is not None:
+            if limit < 1 or not call.done():
+                return []
+            del self._calls[space.signature]
+            return call.result()
+        out = sum(not c.done() for c in self._calls.values())
+        if (
+            limit < 1
+            or out >= self.parallel_calls
+            or self.asked.get(space.signature, 0) >= self.calls_per_space
+        ):
             return []
         self.asked[space.signature] = self.asked.get(space.signature, 0) + 1
         mine = {k: o for k, o in tried.items() if k[0] == space.signature}
@@ -138,11 +175,21 @@ class _External(ABC):
             )
             for k, o in mine.items()
         ]
-        context = {**self.context_of(space), "results": results}
+        prompt = build_prompt(space, {**self.context_of(space), "results": results}, best)
+        call: Future[list[Proposal]] = Future()
+        self._calls[space.signature] = call
+        threading.Thread(target=lambda: call.set_result(self._answer(space, prompt)), daemon=True,
+                         name=f"agent-{self.name}").start()  # fmt: skip
+        return []
+
+    def _answer(self, space: GroupSpace, prompt: str) -> list[Proposal]:
         try:
-            source, config, reasoning = parse_answer(self.ask(build_prompt(space, context, best)))
+            source, config, reasoning = parse_answer(self.ask(prompt))
         except UserError as e:
             self.errors.append(f"{space.group}: {e}")
+            return []
+        except Exception as e:  # the agent's own failure costs its answer, never the tune
+            self.errors.append(f"{space.group}: the agent call failed: {type(e).__name__}: {e}")
             return []
         path = store_source(self.sources, source)
         return [Proposal(space.signature, space.group, path, config, self.name, reasoning[:4000])]
@@ -152,6 +199,7 @@ class _External(ABC):
 class CommandAgent(_External):
     command: str = ""
     timeout_s: float = 600.0
+    _running: set[subprocess.Popen[str]] = field(default_factory=set, init=False, repr=False)
 
     def ask(self, prompt: str) -> str:
         try:
@@ -159,15 +207,27 @@ class CommandAgent(_External):
         except ValueError as e:
             raise UserError(f"the agent command `{self.command}` does not parse: {e}") from None
         try:
-            done = subprocess.run(argv, input=prompt, capture_output=True, text=True, errors="replace",
-                                  timeout=self.timeout_s, check=False)  # fmt: skip
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, errors="replace")  # fmt: skip
         except FileNotFoundError:
             raise UserError(f"the agent command `{self.command}` was not found") from None
+        self._running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(prompt, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
             raise UserError(f"the agent command took more than {self.timeout_s:.0f} s") from None
-        if done.returncode != 0:
-            raise UserError(f"the agent command exited {done.returncode}: {done.stderr.strip()[-200:]}")
-        return done.stdout
+        finally:
+            self._running.discard(proc)
+        if proc.returncode != 0:
+            raise UserError(f"the agent command exited {proc.returncode}: {stderr.strip()[-200:]}")
+        return stdout
+
+    def close(self) -> None:
+        super().close()
+        for proc in list(self._running):  # an abandoned call's process does not outlive the tune
+            proc.kill()
 
 
 @dataclass

@@ -413,12 +413,18 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             if not covered and run.inflight < 2 * opts.workers:
                 for p in schedule.next_batch(run.tried, 2 * opts.workers - run.inflight):
                     run.post(p)
-            if run.inflight == 0 and (covered or not schedule.next_batch(run.tried, 1)):
+            if (
+                run.inflight == 0
+                and not schedule.waiting
+                and (covered or not schedule.next_batch(run.tried, 1))
+            ):
                 break
             if progress is not None:
                 progress(_progress(result, run, procs, deadline))
             time.sleep(0.1)
     finally:
+        for agent in externals:
+            agent.close()
         try:
             stop.touch()
         except OSError:

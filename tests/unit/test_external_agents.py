@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from polymorph.errors import UserError
 from polymorph.kernel_files import kernels_root
-from polymorph.search.agents import GroupSpace, Outcome, candidate_key
+from polymorph.search.agents import GroupSpace, Outcome, Schedule, candidate_key
 from polymorph.search.external import CommandAgent, EndpointAgent, build_prompt, parse_answer
 
 KERNEL = '''"""linear as one torch.mm into the output buffer (an external agent's candidate)."""
@@ -101,9 +103,16 @@ def endpoint():
     server.shutdown()
 
 
+def answer_of(agent: Any, tried: dict | None = None) -> list[Any]:
+    """Ask (never blocking), wait for the call, and take the answer on the next round."""
+    assert agent.propose(_space(), tried or {}, 1) == []
+    agent.settle(timeout_s=60)
+    return agent.propose(_space(), tried or {}, 1)
+
+
 def test_endpoint_agent_proposes_the_served_kernel(endpoint: str, tmp_path: Path) -> None:
     agent = EndpointAgent("endpoint", tmp_path, model="fake-coder", api_key="k-123", base_url=endpoint)
-    (p,) = agent.propose(_space(), {}, 1)
+    (p,) = answer_of(agent)
     assert p.kernel.read_text() == KERNEL and p.config == {"chunk": 0} and p.agent == "endpoint"
     assert "one GEMM" in p.reasoning
     (req,) = _Fake.seen
@@ -114,7 +123,7 @@ def test_endpoint_agent_proposes_the_served_kernel(endpoint: str, tmp_path: Path
 
 def test_endpoint_failures_are_kept_not_raised(tmp_path: Path) -> None:
     agent = EndpointAgent("endpoint", tmp_path, base_url="http://127.0.0.1:9/v1", timeout_s=2)
-    assert agent.propose(_space(), {}, 1) == []
+    assert answer_of(agent) == []
     assert len(agent.errors) == 1 and "unreachable" in agent.errors[0]
 
 
@@ -128,10 +137,37 @@ def test_command_agent_reads_the_prompt_and_answers(tmp_path: Path) -> None:
     )
     agent = CommandAgent("command", tmp_path / "src", command=f"{sys.executable} {script}")
     tried = {candidate_key(_space().signature, LINEAR, {"weight_layout": "nk"}): Outcome(True, 8e-6)}
-    (p,) = agent.propose(_space(), tried, 1)
+    (p,) = answer_of(agent, tried)
     assert p.kernel.read_text() == KERNEL
     bad = CommandAgent("command", tmp_path, command="polymorph-no-such-agent")
-    assert bad.propose(_space(), {}, 1) == [] and "not found" in bad.errors[0]
+    assert answer_of(bad) == [] and "not found" in bad.errors[0]
+
+
+def test_a_slow_agent_never_stalls_the_loop(tmp_path: Path) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text(f"import sys, time\nsys.stdin.read()\ntime.sleep(3)\nsys.stdout.write({ANSWER!r})\n")
+    agent = CommandAgent("command", tmp_path / "src", command=f"{sys.executable} {script}")
+    schedule = Schedule([_space()], [agent])
+    t0 = time.monotonic()
+    assert schedule.next_batch({}, 4) == [] and schedule.waiting
+    assert time.monotonic() - t0 < 1.5  # the call is out on its own thread
+    agent.settle(timeout_s=60)
+    (p,) = schedule.next_batch({}, 4)
+    assert p.kernel.read_text() == KERNEL and not schedule.waiting
+
+
+def test_a_call_still_out_at_the_end_is_recorded(tmp_path: Path) -> None:
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    agent = CommandAgent("command", tmp_path / "src", command=f"{sys.executable} {script}")
+    assert agent.propose(_space(), {}, 1) == [] and agent.waiting
+    deadline = time.monotonic() + 30
+    while not agent._running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (proc,) = agent._running
+    agent.close()
+    assert not agent.waiting and "still answering" in agent.errors[0]
+    assert proc.wait(timeout=10) != 0  # killed, not left to run for its 600 s
 
 
 @pytest.mark.slow
