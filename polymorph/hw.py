@@ -94,7 +94,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "psum_per_unit": ("bytes", "PSUM per {unit}"),
     "warp_size": ("count", "Warp / wavefront width"),
     "max_warps_per_unit": ("count", "Max warps per {unit}"),
-    "interconnect_bandwidth": ("bandwidth", "Interconnect bandwidth"),
+    "interconnect_bandwidth": ("bandwidth", "Interconnect bandwidth per direction"),
     "dma_bandwidth": ("bandwidth", "DMA bandwidth"),
     "power": ("power", "Power (max TDP / TBP)"),
 }

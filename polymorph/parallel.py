@@ -11,9 +11,9 @@ model (costmodel.py):
   tokens x top-k assignments it serves 1/t, touching min(E/t, assignments/t) experts' weights.
 - Communication: two all-reduces per layer (after the o-projection and after the MLP or experts) of
   the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
-  the profile's `interconnect_bandwidth` figure as the profile states it (the h200 file quotes the
-  bidirectional NVLink figure, so the term is optimistic there), plus one launch overhead each. Without
-  the figure the communication time is unknown and the option says so.
+  the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
+  a ring sends and receives at once), plus one launch overhead each. Without the figure the
+  communication time is unknown and the option says so.
 - N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch
   per step.
 - Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations)

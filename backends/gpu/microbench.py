@@ -13,10 +13,10 @@ What is measured, on device 0:
 - figures: `memory_bandwidth`, the read bandwidth at the largest size, and `peak.bf16` / `peak.f16`
   from an 8192^3 GEMM;
 - with more than one device: all-reduce bus bandwidth and latency over sizes (NCCL or RCCL, one
-  spawned process per device). These are printed (`SuiteResult.unrecorded`), not written: the only
-  fitting name in polymorph.hw.FIGURES, `interconnect_bandwidth`, holds the vendor's link bandwidth
-  (H200: 900 GB/s NVLink, both directions together), which an all-reduce's bus bandwidth is not, and no
-  figure holds a latency. Writing them needs new names in polymorph/hw.py.
+  spawned process per device). These are printed (`SuiteResult.unrecorded`), not written:
+  `interconnect_bandwidth` holds the vendor's link bandwidth per direction (H200: 450 GB/s NVLink),
+  which NCCL's bus bandwidth is measured against but never reaches, and no figure holds a latency.
+  Writing them needs new names in polymorph/hw.py.
 
 Timing is by device events around a graph replay (backends/gpu/timing.py: `reps` calls captured in one
 CUDA graph, HIP graph on ROCm), after a warm-up of the device and warm replays; each point is the median

@@ -72,7 +72,7 @@ def test_llama_1b_on_two_h200_lists_tp1_and_tp2_with_memory_and_time(
     assert tp1.capacity_bytes == 141e9 and tp1.fits and tp2.fits
     assert sum(o.chosen for o in plan.options) == 1 and plan.choice is not None
     assert plan.choice.step_s == min(o.step_s for o in plan.options)
-    assert plan.interconnect.startswith("900 GB/s")
+    assert plan.interconnect.startswith("450 GB/s")
     assert plan.basis.startswith("uncalibrated")
     table = parallel.option_table(plan)
     assert [row["tp"] for row in table] == [1, 2] and "prediction" not in table[0]
@@ -140,7 +140,7 @@ def test_the_cli_command_refuses_bad_devices_and_prints_a_table(capsys: pytest.C
     )
     assert args.fn(args) == 0
     out = capsys.readouterr().out
-    assert "TP" in out and "memory/device" in out and "interconnect: 900 GB/s" in out
+    assert "TP" in out and "memory/device" in out and "interconnect: 450 GB/s" in out
 
 
 @needs_triton
