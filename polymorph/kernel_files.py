@@ -290,15 +290,22 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
 _PIN = re.compile(r'depend\(\s*"([^"]+)",\s*"([0-9a-f]{64})"\s*\)')
 
 
-def pinned_sources(source: str) -> list[tuple[str, str]]:
-    """(name, text) of each shared module a kernel's source pins, from the library (for prompts and
-    reviews: the code a kernel runs is its own text and these)."""
+def pins(source: str) -> list[tuple[str, str]]:
+    """(name, sha256) of each `depend` pin in a kernel's source."""
+    return _PIN.findall(source)
+
+
+def pinned_sources(source: str, beside: Path | None = None) -> list[tuple[str, str, str]]:
+    """(name, sha256, text) of each shared module a kernel's source pins, found as `depend` finds it
+    (`beside/<sha256>.py`, then the library); a pin found nowhere is left out. The code a kernel runs
+    is its own text and these: prompts show them, champions and compile outputs carry them."""
     out = []
-    for name, sha in _PIN.findall(source):
-        path = kernels_root() / name
-        text = path.read_text(encoding="utf-8") if path.is_file() else ""
-        if source_hash(text.encode()) == sha:
-            out.append((name, text))
+    for name, sha in pins(source):
+        for path in ([beside / f"{sha}.py"] if beside is not None else []) + [kernels_root() / name]:
+            text = path.read_text(encoding="utf-8") if path.is_file() else ""
+            if source_hash(text.encode()) == sha:
+                out.append((name, sha, text))
+                break
     return out
 
 

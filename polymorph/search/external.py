@@ -72,7 +72,7 @@ def build_prompt(space: GroupSpace, context: Mapping[str, Any], best: tuple[Path
         path.read_text().rstrip(),
         "```",
     ]
-    for name, text in pinned_sources(path.read_text()):
+    for name, _, text in pinned_sources(path.read_text(), path.parent):
         lines += [
             f"It takes the shared module `{name}` through its `depend(...)` line, pinned by content hash: keep "
             "that line to use this code as it is, or copy what you change into your file.",

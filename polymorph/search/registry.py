@@ -25,6 +25,7 @@ from typing import Any
 
 from polymorph.errors import UserError
 from polymorph.ir.graph import TensorType
+from polymorph.kernel_files import pins
 from polymorph.plan import Plan
 from polymorph.search.board import SqliteFile, as_source_text, canonical_json
 from polymorph.tolerance import Tolerance
@@ -143,6 +144,9 @@ class Champion:
     agent: str = ""
     kernel: str = ""  # where the file came from, for people (`triton/rmsnorm.py`, a candidate's name)
     created: float = field(default_factory=time.time)
+    # sha256 -> text of each shared module the source pins (kernel_files.depend): a champion carries
+    # every line it runs, so it loads on a machine whose library has moved on.
+    shared: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         as_source_text(self.source, "a champion's kernel source")
@@ -205,6 +209,7 @@ class Champion:
             agent=d["agent"],
             kernel=d["kernel"],
             created=d["created"],
+            shared=_shared_in(sources[d["sha256"]], sources),
         )
 
 
@@ -323,11 +328,13 @@ class Registry:
     def export_bundle(self, path: str | Path) -> int:
         """Write every champion, with its source, to one JSON file; return how many."""
         champions = self.list()
+        sources = {sha: text for ch in champions for sha, text in ch.shared.items()}
+        sources.update({ch.sha256: ch.source for ch in champions})
         bundle = {
             "format": BUNDLE_FORMAT,
             "schema_version": BUNDLE_SCHEMA_VERSION,
             "exported": time.time(),
-            "sources": {ch.sha256: ch.source for ch in champions},
+            "sources": sources,
             "champions": [ch.to_dict() for ch in champions],
         }
         path = Path(path)
@@ -362,6 +369,8 @@ class Registry:
         if previous is not None and not m.median_s < previous:
             return Offer(False, key, m.median_s, previous)
         c.execute("INSERT OR IGNORE INTO registry_sources VALUES (?, ?)", (champion.sha256, champion.source))
+        for sha, text in champion.shared.items():
+            c.execute("INSERT OR IGNORE INTO registry_sources VALUES (?, ?)", (sha, text))
         c.execute(
             "INSERT OR REPLACE INTO champions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -388,6 +397,11 @@ class Registry:
 
     def _champion(self, c: Any, row: Any) -> Champion:
         source = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (row["sha256"],)).fetchone()
+        texts = {}
+        for _, sha in pins(source["text"]):
+            shared = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (sha,)).fetchone()
+            if shared is not None:
+                texts[sha] = shared["text"]
         return Champion(
             key=ChampionKey(row["op_signature"], row["bucket"], row["profile"], row["toolchain"]),
             source=source["text"],
@@ -398,6 +412,7 @@ class Registry:
             reasoning=row["reasoning"],
             agent=row["agent"],
             kernel=row["kernel"],
+            shared=texts,
             created=row["created"],
         )
 
@@ -443,6 +458,11 @@ def read_bundle(path: str | Path) -> list[Champion]:
         except UserError as e:
             raise UserError(f"bundle {path}: champion {i}: {e}") from None
     return champions
+
+
+def _shared_in(source: str, texts: Mapping[str, str]) -> dict[str, str]:
+    """sha256 -> text of each shared module `source` pins that `texts` holds."""
+    return {sha: texts[sha] for _, sha in pins(source) if sha in texts}
 
 
 def _number(value: object) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
-from polymorph.kernel_files import store_source
+from polymorph.kernel_files import pinned_sources, store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
@@ -364,6 +364,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         champ = champions[space.signature]
         if champ is not None:
             path = store_source(opts.out / "sources", champ.source)
+            for text in champ.shared.values():  # beside it, where kernel_files.depend looks first
+                store_source(opts.out / "sources", text)
             space.champion = (path, dict(champ.config))
             run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
                               f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
@@ -526,8 +528,10 @@ def _offer(reg: Registry, result: BucketResult, spaces: list[GroupSpace], run: _
             continue
         b = sig.best
         gates = tuple(name for name, g in (b["gates"] or {}).items() if g.get("ok")) or ("numerics",)
-        reg.offer(Champion(key=ChampionKey(sig.signature, bucket_key, profile, tc),
-                           source=Path(b["path"]).read_text(), config=b["config"],
+        source = Path(b["path"]).read_text()
+        shared = {sha: text for _, sha, text in pinned_sources(source, Path(b["path"]).parent)}
+        reg.offer(Champion(key=ChampionKey(sig.signature, bucket_key, profile, tc), shared=shared,
+                           source=source, config=b["config"],
                            measurement=Measurement(b["median_s"], b["spread_s"] or 0.0, int(b["trials"] or 1)),
                            gates=gates, tolerance=tol, reasoning=b["reasoning"], agent=b["agent"],
                            kernel=b["kernel"]))  # fmt: skip

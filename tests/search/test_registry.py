@@ -304,3 +304,34 @@ def test_unknown_key_id_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError) as e:
         reg.find("zz")
     assert_one_line(e, "hex digits")
+
+
+def test_a_champion_carries_the_shared_modules_its_source_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polymorph import kernel_files
+
+    source = (kernel_files.kernels_root() / "triton" / "linear_residual.py").read_text()
+    shared = {sha: text for _, sha, text in kernel_files.pinned_sources(source)}
+    assert shared
+    a = Registry(tmp_path / "a.sqlite")
+    a.offer(champion(2e-5, source=source, shared=shared))
+    assert a.list()[0].shared == shared
+    a.export_bundle(tmp_path / "bundle.json")
+    b = Registry(tmp_path / "b.sqlite")
+    b.import_bundle(tmp_path / "bundle.json")
+    (got,) = b.list()
+    assert got.shared == shared and got.source == source
+    # On a machine whose library has moved on, the champion loads from what it carries (tune writes the
+    # shared modules beside the champion's file, where kernel_files.depend looks first).
+    folder = tmp_path / "sources"
+    path = kernel_files.store_source(folder, got.source)
+    for text in got.shared.values():
+        kernel_files.store_source(folder, text)
+    moved = tmp_path / "other-library"
+    (moved / "triton").mkdir(parents=True)
+    (moved / "triton" / "_projection.py").write_text("# another version\n")
+    monkeypatch.setattr(kernel_files, "kernels_root", lambda: moved)
+    assert kernel_files.load_kernel(path).depends == tuple(
+        (name, sha) for name, sha in kernel_files.pins(source)
+    )
