@@ -15,7 +15,10 @@ between measured points and flat beyond the ends:
   attention or experts but no linear uses the M=1 points: decode attention and routed experts are
   matrix-vector work. Other groups (norms, elementwise) run at efficiency 1 on compute: their flops are
   negligible and memory or launch overhead bounds them.
-- launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S.
+- launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S. Where
+  the caller knows how many ops a kernel dispatches from the host (the cpu backend's torch kernels:
+  `host_ops`, counted in one untimed step) and the calibration has `op_overhead` (one bare op), each op
+  beyond the first adds it: a small cpu kernel's time is mostly dispatch, not arithmetic.
 Without calibration every efficiency is 1 and the prediction says it is uncalibrated.
 
 `refine` corrects the prediction with measured group times: per pattern, a scale factor (the geometric
@@ -167,6 +170,12 @@ class HardwareModel:
         return DEFAULT_LAUNCH_OVERHEAD_S
 
     @property
+    def op_overhead_s(self) -> float | None:
+        """One host-dispatched op inside a kernel (measured; None when the calibration has none)."""
+        cal = self.profile.calibration
+        return cal.op_overhead.si if cal is not None and cal.op_overhead is not None else None
+
+    @property
     def step_overhead_s(self) -> float:
         cal = self.profile.calibration
         return cal.step_overhead.si if cal is not None and cal.step_overhead is not None else 0.0
@@ -181,9 +190,10 @@ class HardwareModel:
         curves = ", ".join(c.name for c in cal.curves) or "no curves (efficiency 1)"
         overhead = "measured" if cal.launch_overhead is not None else "assumed default"
         step = f"; step overhead {self.step_overhead_s * 1e6:.3g} us" if cal.step_overhead is not None else ""
+        op = f"; {self.op_overhead_s * 1e6:.3g} us per host op" if self.op_overhead_s is not None else ""
         return (
             f"calibrated ({cal.path}, {cal.provenance()}): curves {curves}; launch overhead "
-            f"{self.launch_overhead_s * 1e6:.3g} us ({overhead}){step}"
+            f"{self.launch_overhead_s * 1e6:.3g} us ({overhead}){step}{op}"
         )
 
     def bandwidth(self) -> float:
@@ -228,6 +238,7 @@ class HardwareModel:
         dtype: str,
         shape: tuple[int, int, int] | None,
         matrix: bool,
+        host_ops: int | None = None,
     ) -> KernelRow:
         memory_s = cost.bytes / (self.bandwidth() * self.eff_bw(cost.bytes)) if cost.bytes > 0 else 0.0
         compute_s = 0.0
@@ -235,6 +246,8 @@ class HardwareModel:
             eff = self.eff_flops(cost.flops, dtype, shape) if matrix else 1.0
             compute_s = cost.flops / (self.peak(dtype) * eff)
         overhead = self.launch_overhead_s
+        if host_ops is not None and self.op_overhead_s is not None:
+            overhead += max(host_ops - 1, 0) * self.op_overhead_s
         if overhead > max(memory_s, compute_s):
             bound = "overhead"
         else:
@@ -259,11 +272,13 @@ def predict(
     *,
     calibration_dir: Path | None = None,
     costs: Mapping[str, Cost] | None = None,
+    host_ops: Mapping[str, int] | None = None,
 ) -> Prediction:
     """The predicted step of `plan` at its bindings on `profile` (default: the plan's, with the
     calibration overlay from `calibration_dir` or POLYMORPH_CALIBRATION_DIR). `costs` replaces the
-    op-table cost of the groups it names (parallel.py's per-device expert work). UserError when the
-    plan has unbound symbols or the profile lacks a figure the model needs."""
+    op-table cost of the groups it names (parallel.py's per-device expert work); `host_ops` gives the
+    ops each group dispatches from the host (CpuExecutable.host_ops). UserError when the plan has
+    unbound symbols or the profile lacks a figure the model needs."""
     if profile is None:
         from polymorph.knobs import knobs
 
@@ -296,6 +311,7 @@ def predict(
                 _compute_dtype(group, types),
                 _matmul_shape(group, by_name, types, bindings),
                 matrix=bool(ops & MATRIX_OPS),
+                host_ops=(host_ops or {}).get(group.id),
             )
         )
     return Prediction(

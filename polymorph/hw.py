@@ -165,6 +165,7 @@ _CALIBRATION_KEYS = {
     "curves",
     "launch_overhead",
     "step_overhead",
+    "op_overhead",
 }
 
 # Calibration curves: name -> (what a point is indexed by, dimension of its values, label). A bandwidth
@@ -234,6 +235,7 @@ class Calibration:
     curves: tuple[Curve, ...] = ()
     launch_overhead: Figure | None = None  # seconds per kernel call (`si`), measured
     step_overhead: Figure | None = None  # seconds per step beyond its kernels (`si`), measured
+    op_overhead: Figure | None = None  # seconds per host-dispatched op inside a kernel (`si`), measured
 
     def curve(self, name: str) -> Curve | None:
         """The curve `name` (a CURVES key), or None when this file has none."""
@@ -548,6 +550,7 @@ def _parse_calibration(data: dict[str, Any], where: str, profile: Profile) -> Ca
         curves=tuple(_parse_curves(data, where)),
         launch_overhead=_parse_overhead(data, "launch_overhead", where),
         step_overhead=_parse_overhead(data, "step_overhead", where),
+        op_overhead=_parse_overhead(data, "op_overhead", where),
     )
 
 
@@ -645,7 +648,7 @@ def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Fig
 
 
 def _parse_figure(raw: object, name: str, dimension: str, where: str, measured: bool) -> Figure:
-    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_overhead, step_overhead
+    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_/step_/op_overhead
     if not isinstance(raw, dict):
         raise UserError(
             f"{where}: `{field}` must be a table with `value`, `unit` and "

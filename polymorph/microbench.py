@@ -24,7 +24,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 @dataclass(frozen=True)
 class Measurement:
-    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_overhead`, `step_overhead`, or `curves.<name>`
+    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_`/`step_`/`op_overhead`, or `curves.<name>`
     value: float
     unit: str
     method: str
@@ -76,12 +76,14 @@ class SuiteResult:
     curves: list[CurveMeasurement] = field(default_factory=list)
     unrecorded: list[Measurement] = field(default_factory=list)
     step_overhead: Measurement | None = None  # the runtime's fixed cost per step, beyond its kernels
+    op_overhead: Measurement | None = None  # one host-dispatched op inside a kernel (cpu: a torch op)
+
+    def overheads(self) -> list[Measurement]:
+        return [self.launch_overhead, *(m for m in (self.step_overhead, self.op_overhead) if m is not None)]
 
     def __iter__(self) -> Iterator[Measurement]:
         yield from self.figures
-        yield self.launch_overhead
-        if self.step_overhead is not None:
-            yield self.step_overhead
+        yield from self.overheads()
         yield from (c.summary() for c in self.curves)
         yield from self.unrecorded
 
@@ -147,11 +149,7 @@ def calibration_toml(
         *(f"{_key(package)} = {_string(version)}" for package, version in toolchain.items()),
     ]
     if isinstance(results, SuiteResult):
-        for m in [
-            *results.figures,
-            results.launch_overhead,
-            *([results.step_overhead] if results.step_overhead else []),
-        ]:
+        for m in [*results.figures, *results.overheads()]:
             lines += _figure_lines(m)
         for c in results.curves:
             lines += _curve_lines(c)

@@ -4,7 +4,10 @@
 What is measured:
 - figures: copy bandwidth at the largest size (`figures.memory_bandwidth`) and the best square matmul
   rate per dtype (`peak.f32`, `peak.bf16`), the numbers the roofline uses;
-- the per-call overhead of a tiny torch op (`launch_overhead`);
+- the cost of a small torch op (`op_overhead`, a mix of the ops cpu kernels are made of): what each op
+  a kernel dispatches beyond its first adds;
+- the cpu executable's own costs (`launch_overhead` per kernel call, `step_overhead` per step), from
+  steps of 1 and 17 tiny kernels;
 - curves the cost model interpolates (polymorph/costmodel.py): read and copy bandwidth by buffer size,
   and matmul rates over decoder-like skinny shapes x[M, K] @ w[N, K]^T (M of 1 to 64, K = N).
 
@@ -61,14 +64,38 @@ def time_call(fn: Callable[[], object], trials: int, warmup: int = 2) -> Timing:
     return Timing.of(times)
 
 
-def launch_overhead(trials: int = 9) -> Measurement:
+def bare_op_seconds(trials: int = 9) -> float:
+    """One bare torch op (an add of 8 floats into a preallocated output): what the curves are net of."""
     a, b, c = torch.ones(8), torch.ones(8), torch.empty(8)
-    t = time_call(lambda: torch.add(a, b, out=c), trials, warmup=50)
+    return time_call(lambda: torch.add(a, b, out=c), trials, warmup=50).seconds
+
+
+# The ops a cpu kernel's body is made of (polymorph's kernels/torch/): allocating elementwise math, a
+# reduction, a view and a copy into the output buffer, on a decode-sized row.
+_OP_MIX = ("a * w", "a.pow(2)", "a.mean(-1, keepdim=True)", "torch.rsqrt(a)", "a.reshape(-1)", "out.copy_(a)")
+
+
+def op_overhead(trials: int = 9) -> Measurement:
+    """What each op a cpu kernel dispatches beyond its first costs (the cost model's `op_overhead`):
+    the mean time of the small ops in _OP_MIX, under inference mode as the executable runs them."""
+    a, w, out = torch.rand(1, 64), torch.rand(64), torch.empty(1, 64)
+
+    def mix() -> None:
+        a * w
+        a.pow(2)
+        a.mean(-1, keepdim=True)
+        torch.rsqrt(a)
+        a.reshape(-1)
+        out.copy_(a)
+
+    with torch.inference_mode():
+        t = time_call(mix, trials, warmup=50)
     return Measurement(
-        "launch_overhead",
-        t.seconds * 1e6,
+        "op_overhead",
+        t.seconds / len(_OP_MIX) * 1e6,
         "us",
-        f"torch.add of 8 f32 into a preallocated output, median of {trials} trials after 50 warm-up calls",
+        f"mean of {len(_OP_MIX)} small torch ops on [1, 64] f32 ({'; '.join(_OP_MIX)}), inference mode, "
+        f"median of {trials} trials after 50 warm-up calls",
         note=f"spread {t.spread:.0%}",
     )
 
@@ -198,8 +225,8 @@ def _measure(quick: bool) -> SuiteResult:
     sizes = QUICK_BANDWIDTH_SIZES if quick else BANDWIDTH_SIZES
     rows = QUICK_MATMUL_ROWS if quick else MATMUL_ROWS
     widths = QUICK_MATMUL_WIDTHS if quick else MATMUL_WIDTHS
-    overhead = launch_overhead(trials)  # a tiny torch op: what the curves are net of
-    overhead_s = overhead.value * 1e-6
+    overhead_s = bare_op_seconds(trials)  # what the curves are net of
+    op = op_overhead(trials)
     kernel_call, step = runtime_overheads(trials)
     read = read_bandwidth(sizes, overhead_s, trials)
     copy = copy_bandwidth(sizes, overhead_s, trials)
@@ -214,9 +241,7 @@ def _measure(quick: bool) -> SuiteResult:
         ),
         *(matmul_rate(key, n=512 if quick else 1024, trials=3 if quick else 5) for key in DTYPES),
     ]
-    kernel_call = Measurement(kernel_call.name, kernel_call.value, kernel_call.unit, kernel_call.method,
-                              note=f"a bare torch op costs {overhead.value:.3g} us (the curves are net of that)")  # fmt: skip
-    return SuiteResult(figures, kernel_call, curves, step_overhead=step)
+    return SuiteResult(figures, kernel_call, curves, step_overhead=step, op_overhead=op)
 
 
 def _threads() -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,31 @@ class CpuExecutable(Executable):
         raise UserError(f"no node group `{group_id}` in this plan")
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run(inputs)
+
+    def time_in_step(
+        self, inputs: Callable[[], Mapping[str, np.ndarray]], trials: int
+    ) -> tuple[dict[str, float], float]:
+        """(median seconds of each group inside whole steps, median seconds of a whole step), over
+        `trials` pairs of steps on fresh `inputs()`: a plain step, then one that times each group (its
+        output buffers, its launch, its entry in the value table). What a group costs where it runs,
+        beside the fast tier's time of the group alone in a loop (where a host-bound kernel runs hotter);
+        the pairs interleave, so a machine's drift shows in both alike."""
+        import statistics
+
+        seen: dict[str, list[float]] = {}
+        steps = []
+        for _ in range(trials):
+            step_inputs = inputs()
+            t0 = time.perf_counter()
+            self._run(step_inputs)
+            steps.append(time.perf_counter() - t0)
+            self._run(inputs(), observe=lambda group, seconds: seen.setdefault(group, []).append(seconds))
+        return {group: statistics.median(times) for group, times in seen.items()}, statistics.median(steps)
+
+    def _run(
+        self, inputs: Mapping[str, np.ndarray], observe: Callable[[str, float], None] | None = None
+    ) -> dict[str, np.ndarray]:
         if not self.allocated:
             raise UserError("allocate_state(cache_blocks) must run before the first step")
         env: dict[str, torch.Tensor] = {**self.params, **self.state}
@@ -103,9 +129,12 @@ class CpuExecutable(Executable):
             self._bindings[key] = bindings
         with torch.inference_mode():
             for group, launch in self.launches:
+                t0 = time.perf_counter() if observe is not None else 0.0
                 outs = [self._output(v, bindings) for v in group.outputs]
                 launch([env[v] for v in group.inputs], outs, None)
                 env.update(zip(group.outputs, outs, strict=True))
+                if observe is not None:
+                    observe(group.id, time.perf_counter() - t0)
         return {name: to_numpy(env[v]) for name, v in self.graph.outputs.items()}
 
     def _output(self, value: str, bindings: dict[str, int]) -> torch.Tensor:
@@ -121,11 +150,43 @@ class CpuExecutable(Executable):
             out.fill_(float("nan") if t.dtype.is_float else -(2**30))
         return out
 
+    def host_ops(self, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """How many torch ops each group dispatches in one step on `inputs` (counted below autograd,
+        at the aten dispatcher; untimed): what the cost model charges per op beyond a kernel's first.
+        The step runs for real: it writes the KV cache like any step."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                Count.n += 1
+                return func(*args, **(kwargs or {}))
+
+        counts: dict[str, int] = {}
+        launches = self.launches
+        try:
+            self.launches = [(g, _counted(g.id, launch, Count, counts)) for g, launch in launches]
+            self.run(inputs)
+        finally:
+            self.launches = launches
+        return counts
+
     def read_state(self, name: str) -> np.ndarray:
         return to_numpy(self.state[name])
 
     def weight(self, name: str) -> torch.Tensor:
         return self.params[name]
+
+
+def _counted(group_id: str, launch: Launch, mode: type, counts: dict[str, int]) -> Launch:
+    def run(inputs: list[torch.Tensor], outputs: list[torch.Tensor], scratch: object) -> None:
+        mode.n = 0
+        with mode():
+            launch(inputs, outputs, scratch)
+        counts[group_id] = mode.n
+
+    return run
 
 
 def _auto_threads(weight_elements: int) -> int:

@@ -126,6 +126,34 @@ def test_every_group_has_one_row_whose_time_follows_the_formula(
     assert lm_head.bound == "compute"
 
 
+def test_each_host_op_beyond_a_kernels_first_costs_the_calibrated_op_overhead(
+    tiny_plan: Plan, tmp_path: Path
+) -> None:
+    (tmp_path / "cpu.toml").write_text(
+        CALIBRATION + '\n[op_overhead]\nvalue = 3\nunit = "us"\nmethod = "fixed"\n'
+    )
+    profile = load_profile("cpu", tmp_path)
+    norm = "layers.0.attn.norm"
+    plain = costmodel.predict(tiny_plan, profile)
+    counted = costmodel.predict(tiny_plan, profile, host_ops={norm: 9, "lm_head": 1})
+    assert counted.row(norm).overhead_s == pytest.approx(2e-6 + 8 * 3e-6)
+    assert counted.row("lm_head").overhead_s == pytest.approx(2e-6)  # one op: the launch overhead holds it
+    assert counted.row("embed").overhead_s == plain.row("embed").overhead_s  # not counted: as before
+    assert counted.step_s == pytest.approx(plain.step_s + 24e-6)
+    assert "3 us per host op" in counted.basis
+    # Without the calibrated figure a count changes nothing.
+    cpu_profile = load_profile("cpu", _folder_with(tmp_path / "plain", CALIBRATION))
+    assert costmodel.predict(tiny_plan, cpu_profile, host_ops={norm: 9}).step_s == pytest.approx(
+        costmodel.predict(tiny_plan, cpu_profile).step_s
+    )
+
+
+def _folder_with(folder: Path, text: str) -> Path:
+    folder.mkdir()
+    (folder / "cpu.toml").write_text(text)
+    return folder
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
 )

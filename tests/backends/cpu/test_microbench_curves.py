@@ -54,15 +54,26 @@ def test_the_quick_suite_loads_as_the_cpu_profiles_overlay(calibration_dir: Path
         assert all(p.spread is not None and p.spread >= 0 for p in curve.points)
     assert cal.launch_overhead is not None and 0 < cal.launch_overhead.si < 1e-2
     assert cal.step_overhead is not None and 0 < cal.step_overhead.si < 1e-1
+    assert (
+        cal.op_overhead is not None
+        and 0 < cal.op_overhead.si < 1e-3
+        and "mean of 6" in cal.op_overhead.source
+    )
     assert cpu.memory_bandwidth() is not None and cpu.peak_flops("bf16") is not None
     assert any(row.label.endswith("(measured)") for row in cpu.describe())
 
 
 def test_the_suite_iterates_as_rows_for_the_cli(suite: microbench.SuiteResult) -> None:
     rows = list(suite)
-    assert len(rows) == len(suite.figures) + 2 + len(suite.curves)
+    assert len(rows) == len(suite.figures) + 3 + len(suite.curves)
     names = {r.name for r in rows}
-    assert names >= {"figures.memory_bandwidth", "launch_overhead", "step_overhead", "curves.matmul.bf16"}
+    assert names >= {
+        "figures.memory_bandwidth",
+        "launch_overhead",
+        "step_overhead",
+        "op_overhead",
+        "curves.matmul.bf16",
+    }
     assert all(r.value > 0 and r.unit and r.method for r in rows)
     assert all(c.method.endswith(", 1 thread") for c in suite.curves)
 
