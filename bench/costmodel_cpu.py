@@ -84,7 +84,7 @@ def main() -> int:
                              (f"{sum(ops.values())} counted host ops", base, "median_abs_kernel_error")):  # fmt: skip
         print(
             f"  predicted from calibration alone, {label}: step {pred.step_s * us:.0f} us "
-            f"({pred.step_s / slow['median_s'] - 1:+.0%}); median |error| per kernel {result[key]:.0%} (in step)"
+            f"({pred.step_s / step_s - 1:+.0%}); median |error| per kernel {result[key]:.0%} (in step)"
         )
     print(
         f"  refined on measured passes (fitted on all but layer 1, judged on layer 1): median |error| "
