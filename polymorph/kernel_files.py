@@ -234,7 +234,7 @@ def load_kernel(path: str | Path) -> KernelFile:
     configs = tuple(dict(c) for c in module.CONFIGS)
     if not configs:
         raise UserError(f"{path}: CONFIGS is empty; give at least the default config")
-    return KernelFile(path, digest, implements, configs, module, module.__polymorph_depends__)
+    return KernelFile(path, digest, implements, configs, module, tuple(sorted(module.__polymorph_depends__)))
 
 
 def kernel_library(family: str) -> list[KernelFile]:
@@ -295,24 +295,50 @@ def pins(source: str) -> list[tuple[str, str]]:
     return _PIN.findall(source)
 
 
+def pinned_closure(source: str, text_of: Callable[[str, str], str | None]) -> list[tuple[str, str, str]]:
+    """(name, sha256, text) of each shared module `source` pins, and of each those pin in turn, once
+    each; `text_of(name, sha256)` finds a module's text (None: not found, left out)."""
+    out: list[tuple[str, str, str]] = []
+    todo = pins(source)
+    while todo:
+        name, sha = todo.pop(0)
+        if any(sha == seen for _, seen, _ in out):
+            continue
+        text = text_of(name, sha)
+        if text is not None:
+            out.append((name, sha, text))
+            todo += pins(text)
+    return out
+
+
 def pinned_sources(source: str, beside: Path | None = None) -> list[tuple[str, str, str]]:
-    """(name, sha256, text) of each shared module a kernel's source pins, found as `depend` finds it
-    (`beside/<sha256>.py`, then the library); a pin found nowhere is left out. The code a kernel runs
-    is its own text and these: prompts show them, champions and compile outputs carry them."""
-    out = []
-    for name, sha in pins(source):
+    """(name, sha256, text) of every shared module a kernel's source runs (pinned_closure), found as
+    `depend` finds it: `beside/<sha256>.py`, then the library. The code a kernel runs is its own text
+    and these: prompts show them, champions and compile outputs carry them."""
+
+    def text_of(name: str, sha: str) -> str | None:
         for path in ([beside / f"{sha}.py"] if beside is not None else []) + [kernels_root() / name]:
             text = path.read_text(encoding="utf-8") if path.is_file() else ""
             if source_hash(text.encode()) == sha:
-                out.append((name, sha, text))
-                break
-    return out
+                return text
+        return None
+
+    return pinned_closure(source, text_of)
 
 
 def repin(root: Path | None = None) -> list[Path]:
     """Rewrite every library kernel's `depend(name, sha)` pin to the shared module's current hash;
     the files changed. For maintainers after editing a shared module (`--repin`)."""
     root = root or kernels_root()
+    changed: list[Path] = []
+    while True:  # a shared module may pin another: repeat until every pin holds
+        done = _repin_pass(root)
+        changed += [p for p in done if p not in changed]
+        if not done:
+            return changed
+
+
+def _repin_pass(root: Path) -> list[Path]:
     changed = []
     for path in sorted(root.glob("*/*.py")):
         text = path.read_text(encoding="utf-8")

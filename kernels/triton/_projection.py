@@ -10,16 +10,17 @@ for M <= SKINNY_MAX_M.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import triton
 import triton.language as tl
 
-# Triton's interpreter (3.6-3.9) multiplies bf16 tl.dot operands as their raw 16-bit patterns, so under
-# TRITON_INTERPRET the GEMM path upcasts its operands to fp32 first: exact, since bf16 products are
-# exact in fp32. Compiled code (and AOT compilation, which never runs interpreted) is unaffected.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+from polymorph.kernel_files import depend
+
+# The GEMM path's dot operands are upcast under Triton's interpreter (see _interpreter.py).
+_i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
+_INTERPRETED = _i.INTERPRETED
+round_to = _i.round_to  # the kernel files take it from here too
 
 FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
@@ -39,17 +40,6 @@ def skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
     stages = 2 if target.family == "rocm" else 4
     return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
             "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
-
-
-@triton.jit
-def round_to(x, dtype: tl.constexpr):
-    """x.to(dtype), rounded to nearest even as compiled code does. The interpreter (3.6-3.9) truncates
-    fp32 -> bf16, so under it the rounding is done on the bits first."""
-    if _INTERPRETED and dtype == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit

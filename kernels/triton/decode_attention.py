@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from polymorph.kernel_files import depend
 
 IMPLEMENTS = "cache_attention"
 
@@ -68,7 +69,8 @@ _DEFAULT_COMPUTE_UNITS = 132
 # supported upstream): there, and only there, the dots run on operands upcast to fp32 (exact: bf16
 # products fit fp32). Read when the module is loaded, as Triton reads it when the kernels are decorated.
 # The dots are written out in the kernels, not in a helper: each @jit call costs the interpreter ~5 ms.
-_UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+_i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
+_UPCAST_DOT = _i.INTERPRETED
 
 
 def configs(target: Any) -> list[dict[str, Any]]:

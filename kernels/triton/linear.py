@@ -34,17 +34,15 @@ meets its op tolerance against the reference.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-IMPLEMENTS = "linear"
+from polymorph.kernel_files import depend
 
-GEMV_MAX_M = 2  # H200: at M=4 the tl.dot path (block_m 16) beat the GEMV 1.7x; at M=2 they tie
-GEMV_TILE_REGS = 64  # fp32 accumulator registers a thread may hold in the GEMV
+IMPLEMENTS = "linear"
 
 # Measured on an H200 (triton 3.6, M=1 bf16, weights cycled through more than L2, CUDA graphs): 2 rows
 # x 2048 of K with 4 warps was best or within 3% of best at every (N, K) of a 30-setting sweep: 3.5 TB/s
@@ -82,13 +80,13 @@ _ROCM_CONFIGS = [
 ]  # fmt: skip
 CONFIGS = _CUDA_CONFIGS
 
-# Triton's interpreter (3.6-3.9) multiplies bf16 tl.dot operands as their raw 16-bit patterns, so under
-# TRITON_INTERPRET the GEMM path upcasts its operands to fp32 first: exact, since bf16 products are
-# exact in fp32. Compiled code (and AOT compilation, which never runs interpreted) is unaffected.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-_FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
-_ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+# The GEMM path's dot operands are upcast under Triton's interpreter (see _interpreter.py).
+_i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
+_INTERPRETED, _to = _i.INTERPRETED, _i.round_to
+# The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
+# (this file's GEMV splits K and its GEMM groups tiles along M, so the tiles themselves are its own).
+_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
+GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 
 
 def configs(target: Any) -> list[dict[str, Any]]:
@@ -96,17 +94,6 @@ def configs(target: Any) -> list[dict[str, Any]]:
 
 
 # --- kernels -----------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _to(x, dtype: tl.constexpr):
-    """x.to(dtype), rounded to nearest even as compiled code does. The interpreter (3.6-3.9) truncates
-    fp32 -> bf16, so under it the rounding is done on the bits first."""
-    if _INTERPRETED and dtype == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -232,7 +219,7 @@ def supports(spec: Any) -> bool:
     types = [spec.types[v] for v in (*node.inputs, node.outputs[0])]
     n, k = spec.types[node.inputs[1]].shape
     return (
-        all(str(t.dtype) in _FLOATS for t in types)
+        all(str(t.dtype) in _p.FLOATS for t in types)
         and len({t.dtype for t in types}) == 1
         and isinstance(n, int)
         and isinstance(k, int)
@@ -253,21 +240,6 @@ def _gemv_block_k(k: int, block_m: int, block_n: int, config: dict[str, Any], wa
     return max(
         16, min(config["gemv_block_k"], triton.next_power_of_2(k), triton.next_power_of_2(cap + 1) // 2)
     )
-
-
-SKINNY_MAX_M = 64  # 2 < M <= 64 (decode at batch 3-64): narrow tl.dot tiles, so enough programs stream W
-
-
-def _skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
-    """The config a launch of M rows uses: for GEMV_MAX_M < M <= SKINNY_MAX_M the GEMM tile takes the
-    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps; 4 stages on cuda, 2 on rocm's
-    smaller LDS), since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked
-    32 x 32 x 128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
-    if not GEMV_MAX_M < m <= SKINNY_MAX_M:
-        return config
-    stages = 2 if target.family == "rocm" else 4
-    return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
-            "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
 
 
 def _plan(n: int, k: int, m: int, config: dict[str, Any], elem: int, warp: int) -> tuple[str, dict[str, Any]]:
@@ -292,29 +264,10 @@ def _plan(n: int, k: int, m: int, config: dict[str, Any], elem: int, warp: int) 
     }  # fmt: skip
 
 
-def _options(config: dict[str, Any], path: str, target: Any) -> dict[str, Any]:
-    if path == "gemm":
-        opts = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    else:
-        opts = {"num_warps": config["gemv_warps"], "num_stages": 1}
-    if target.family == "rocm" and "waves_per_eu" in config:
-        opts["waves_per_eu"] = config["waves_per_eu"]
-    return opts
-
-
-def _check_aligned(*tensors: Any) -> None:
-    for t in tensors:
-        if t.data_ptr() % 16:
-            raise ValueError(
-                f"linear (triton): a {tuple(t.shape)} operand is not 16-byte aligned (data_ptr "
-                f"{t.data_ptr():#x}); the kernel's vector loads need aligned, contiguous tensors"
-            )
-
-
 def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     n, k, has_bias = _shape(spec)
     args = spec.args(spec.single)
-    elem = _ELEM_BYTES[str(spec.types[spec.single.inputs[0]].dtype)]
+    elem = _p.ELEM_BYTES[str(spec.types[spec.single.inputs[0]].dtype)]
     plans: dict[int, tuple[str, dict[str, Any], dict[str, Any]]] = {}
     workspaces: dict[tuple[Any, int], Any] = {}
 
@@ -326,12 +279,12 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            cfg = _skinny(config, m, target)
+            cfg = _p.skinny(config, m, target)
             path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
-            plans[m] = (path, consts, _options(cfg, path, target))
+            plans[m] = (path, consts, _p.options(cfg, path == "gemm", target))
         path, consts, opts = plans[m]
         if consts["HINT"]:
-            _check_aligned(x, w)
+            _p.check_aligned("linear", x, w)
         if path == "gemm":
             grid = (triton.cdiv(m, consts["BLOCK_M"]) * triton.cdiv(n, consts["BLOCK_N"]),)
             _linear_gemm[grid](x, w, bias, y, m, HAS_BIAS=has_bias, **consts, **opts)
@@ -362,12 +315,12 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     m = 1
     for d in x_t.shape[:-1]:
         m *= int(d)
-    dt = "*" + _FLOATS[str(x_t.dtype)]
-    elem = _ELEM_BYTES[str(x_t.dtype)]
-    cfg = _skinny(config, m, target)
+    dt = "*" + _p.FLOATS[str(x_t.dtype)]
+    elem = _p.ELEM_BYTES[str(x_t.dtype)]
+    cfg = _p.skinny(config, m, target)
     path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
     consts = {**consts, "HAS_BIAS": has_bias}
-    opts = _options(cfg, path, target)
+    opts = _p.options(cfg, path == "gemm", target)
     ptrs = {"x_ptr": dt, "w_ptr": dt, "b_ptr": dt, "y_ptr": dt, "M": "i32"}
     if path == "gemm":
         sig = {**ptrs, **{c: "constexpr" for c in consts}}

@@ -13,13 +13,13 @@ i32; concrete heads and an even, concrete head_dim; contiguous tensors.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from polymorph.kernel_files import depend
 from polymorph.reference import rope_inv_freq
 
 IMPLEMENTS = "rope"
@@ -32,19 +32,9 @@ CONFIGS = [
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
-# Triton's interpreter (3.6-3.9) truncates fp32 -> bf16 where compiled code rounds to nearest even, so
-# under TRITON_INTERPRET `_to` rounds on the bits first. Compiled code is unaffected.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@triton.jit
-def _to(x, dtype: tl.constexpr):
-    """x.to(dtype), rounded to nearest even (see _INTERPRETED)."""
-    if _INTERPRETED and dtype == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64)  # 64-bit: no overflow checks
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.uint32).to(tl.float32, bitcast=True)
-    return x.to(dtype)
+# Rounding as compiled code rounds, under Triton's interpreter too (see _interpreter.py).
+_i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
+_to = _i.round_to
 
 
 @triton.jit

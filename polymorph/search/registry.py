@@ -25,7 +25,7 @@ from typing import Any
 
 from polymorph.errors import UserError
 from polymorph.ir.graph import TensorType
-from polymorph.kernel_files import pins
+from polymorph.kernel_files import pinned_closure
 from polymorph.plan import Plan
 from polymorph.search.board import SqliteFile, as_source_text, canonical_json
 from polymorph.tolerance import Tolerance
@@ -397,11 +397,12 @@ class Registry:
 
     def _champion(self, c: Any, row: Any) -> Champion:
         source = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (row["sha256"],)).fetchone()
-        texts = {}
-        for _, sha in pins(source["text"]):
-            shared = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (sha,)).fetchone()
-            if shared is not None:
-                texts[sha] = shared["text"]
+
+        def stored(_name: str, sha: str) -> str | None:
+            row = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (sha,)).fetchone()
+            return None if row is None else row["text"]
+
+        texts = {sha: text for _, sha, text in pinned_closure(source["text"], stored)}
         return Champion(
             key=ChampionKey(row["op_signature"], row["bucket"], row["profile"], row["toolchain"]),
             source=source["text"],
@@ -461,8 +462,8 @@ def read_bundle(path: str | Path) -> list[Champion]:
 
 
 def _shared_in(source: str, texts: Mapping[str, str]) -> dict[str, str]:
-    """sha256 -> text of each shared module `source` pins that `texts` holds."""
-    return {sha: texts[sha] for _, sha in pins(source) if sha in texts}
+    """sha256 -> text of each shared module `source` runs (its pins, theirs) that `texts` holds."""
+    return {sha: text for _, sha, text in pinned_closure(source, lambda _name, sha: texts.get(sha))}
 
 
 def _number(value: object) -> bool:

@@ -313,6 +313,7 @@ def test_a_champion_carries_the_shared_modules_its_source_pins(
 
     source = (kernel_files.kernels_root() / "triton" / "linear_residual.py").read_text()
     shared = {sha: text for _, sha, text in kernel_files.pinned_sources(source)}
+    carried = sorted((name, sha) for name, sha, _ in kernel_files.pinned_sources(source))
     assert shared
     a = Registry(tmp_path / "a.sqlite")
     a.offer(champion(2e-5, source=source, shared=shared))
@@ -332,6 +333,5 @@ def test_a_champion_carries_the_shared_modules_its_source_pins(
     (moved / "triton").mkdir(parents=True)
     (moved / "triton" / "_projection.py").write_text("# another version\n")
     monkeypatch.setattr(kernel_files, "kernels_root", lambda: moved)
-    assert kernel_files.load_kernel(path).depends == tuple(
-        (name, sha) for name, sha in kernel_files.pins(source)
-    )
+    assert kernel_files.load_kernel(path).depends == tuple(carried)
+    assert len(got.shared) == 2  # the projection core and the interpreter module it pins
