@@ -16,13 +16,9 @@ runs the compiled kernels.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
-import subprocess
-import sys
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +29,11 @@ from polymorph import reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
-from polymorph.kernel_files import KernelFile, KernelSpec, load_kernel
+from polymorph.kernel_files import KernelFile, KernelSpec
 from polymorph.target import Target
 from polymorph.tolerance import compare, op_tolerance
+from polymorph.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
+from polymorph.triton_interpreter import load as kernel
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -49,18 +47,7 @@ HEADS, HEAD_DIM = 4, 64  # query heads and head_dim of the interpreted cases
 # A config that splits even the interpreter's short contexts many ways (16-token splits).
 MANY_SPLITS = {"block_n": 16, "min_split_tokens": 16, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 2}
 # The files by path: a checkout need not be installed (the GPU image runs from the source tree).
-KERNELS = Path(__file__).resolve().parents[3] / "kernels" / "triton"
 SMALL_TILES = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 2}
-
-
-@functools.cache
-def kernel(name: str, interpret: bool) -> KernelFile:
-    with pytest.MonkeyPatch.context() as env:
-        if interpret:
-            env.setenv("TRITON_INTERPRET", "1")
-        else:
-            env.delenv("TRITON_INTERPRET", raising=False)
-        return load_kernel(KERNELS / f"{name}.py")
 
 
 def seeded() -> tuple[int, np.random.Generator]:
@@ -243,75 +230,18 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
 
 
 CASES = interpreter_cases()
-RESULT_LINE = "interpreter results: "
-
-
-def run_cases(ids: list[str]) -> dict[str, str | None]:
-    """Run cases in this (interpreting) process: None for a pass, else what went wrong."""
-    results: dict[str, str | None] = {}
-    for case in ids:
-        try:
-            with np.errstate(invalid="ignore"):
-                CASES[case]()
-            results[case] = None
-        except AssertionError as e:
-            results[case] = str(e)
-        except Exception:
-            results[case] = traceback.format_exc()
-    return results
-
-
-@functools.cache
-def process_interprets() -> bool:
-    """Whether triton in this process was imported under TRITON_INTERPRET=1."""
-    import triton
-    import triton.language as tl
-
-    return not isinstance(tl.standard.max, triton.runtime.JITFunction)
-
-
-def run_in_children(ids: list[str]) -> dict[str, str | None]:
-    """Run cases in child processes with TRITON_INTERPRET=1, a few in parallel."""
-    workers = max(1, min(len(ids), os.cpu_count() or 1, 4))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    children = [
-        subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *ids[i::workers]],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(workers)
-    ]
-    results: dict[str, str | None] = {}
-    for child in children:
-        output, _ = child.communicate(timeout=600)
-        lines = [line for line in output.splitlines() if line.startswith(RESULT_LINE)]
-        if child.returncode != 0 or not lines:
-            raise RuntimeError(f"the interpreter child exited with {child.returncode}:\n{output[-4000:]}")
-        results.update(json.loads(lines[-1][len(RESULT_LINE) :]))
-    return results
 
 
 @pytest.fixture(scope="module")
-def interpreted(request: pytest.FixtureRequest) -> dict[str, str | None]:
-    """Results of the interpreter cases this session selected, run once for the module."""
-    ids = [
-        item.callspec.params["case"]
-        for item in request.session.items
-        if item.path == request.path and "case" in getattr(getattr(item, "callspec", None), "params", {})
-    ]
-    if process_interprets():
-        return run_cases(ids)
-    return run_in_children(ids)
+def interpreter_run(request: pytest.FixtureRequest) -> Iterator[InterpreterRun]:
+    run = InterpreterRun(Path(__file__).resolve(), CASES, selected(request))
+    yield run
+    run.stop()
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_interpreted(case: str, interpreted: dict[str, str | None]) -> None:
-    failure = interpreted[case]
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
+def test_interpreted(case: str, interpreter_run: InterpreterRun) -> None:
+    interpreter_run.check(case)
 
 
 def test_decode_configs_take_both_paths() -> None:
@@ -466,4 +396,4 @@ def test_on_device(family: str) -> None:
 
 
 if __name__ == "__main__":
-    print(RESULT_LINE + json.dumps(run_cases(sys.argv[1:] or list(CASES))))
+    child_main(CASES)

@@ -21,11 +21,7 @@ bf16) for cuda sm_90 and hip gfx942, without a device; the device test runs the 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import subprocess
-import sys
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,11 +33,13 @@ from polymorph import reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
-from polymorph.kernel_files import KernelFile, KernelSpec, kernels_root, load_kernel
+from polymorph.kernel_files import KernelFile, KernelSpec
 from polymorph.lowering import kernel_spec
 from polymorph.passes.fuse import fuse, select_patterns
 from polymorph.target import Target
 from polymorph.tolerance import Tolerance, compare, op_tolerance
+from polymorph.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
+from polymorph.triton_interpreter import load as kernel
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -57,16 +55,6 @@ SHAPES = [(1, 33, 48), (2, 64, 128), (3, 33, 48)]
 ROPE = {"theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
 BLOCK_SIZE = 4
-
-
-@functools.cache
-def kernel(name: str, interpret: bool) -> KernelFile:
-    with pytest.MonkeyPatch.context() as env:
-        if interpret:
-            env.setenv("TRITON_INTERPRET", "1")
-        else:
-            env.delenv("TRITON_INTERPRET", raising=False)
-        return load_kernel(kernels_root() / "triton" / f"{name}.py")
 
 
 def seeded() -> tuple[int, np.random.Generator]:
@@ -440,89 +428,11 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
 
 
 CASES = interpreter_cases()
-RESULT_LINE = "interpreter results: "
-
-
-def run_cases(ids: list[str]) -> dict[str, str | None]:
-    """Run cases in this (interpreting) process: None for a pass, else what went wrong."""
-    results: dict[str, str | None] = {}
-    for case in ids:
-        try:
-            CASES[case]()
-            results[case] = None
-        except AssertionError as e:
-            results[case] = str(e)
-        except Exception:
-            results[case] = traceback.format_exc()
-    return results
-
-
-@functools.cache
-def process_interprets() -> bool:
-    """Whether triton in this process was imported under TRITON_INTERPRET=1."""
-    import triton
-    import triton.language as tl
-
-    return not isinstance(tl.standard.max, triton.runtime.JITFunction)
-
-
-class InterpreterRun:
-    """The interpreter cases this session selected, started at once in child processes with
-    TRITON_INTERPRET=1 (one per CPU, at most 4) so that they run while this process compiles; or, when
-    this process interprets itself, run here on the first call of `results`."""
-
-    def __init__(self, ids: list[str]) -> None:
-        self.ids = ids
-        self.children: list[subprocess.Popen[str]] = []
-        self._results: dict[str, str | None] | None = None
-        if ids and not process_interprets():
-            workers = max(1, min(len(ids), os.cpu_count() or 1, 4))
-            path = os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path)
-            env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-            for i in range(workers):
-                self.children.append(
-                    subprocess.Popen(
-                        [sys.executable, str(Path(__file__).resolve()), *ids[i::workers]],
-                        env=env,
-                        cwd=os.getcwd(),
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                    )
-                )
-
-    def results(self) -> dict[str, str | None]:
-        if self._results is None:
-            if not self.children:
-                self._results = run_cases(self.ids)
-                return self._results
-            results: dict[str, str | None] = {}
-            for child in self.children:
-                output, _ = child.communicate(timeout=600)
-                lines = [line for line in output.splitlines() if line.startswith(RESULT_LINE)]
-                if child.returncode != 0 or not lines:
-                    raise RuntimeError(
-                        f"the interpreter child exited with {child.returncode}:\n{output[-4000:]}"
-                    )
-                results.update(json.loads(lines[-1][len(RESULT_LINE) :]))
-            self._results = results
-        return self._results
-
-    def stop(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
 
 
 @pytest.fixture(scope="module")
 def interpreter_run(request: pytest.FixtureRequest) -> Iterator[InterpreterRun]:
-    ids = [
-        item.callspec.params["case"]
-        for item in request.session.items
-        if item.path == request.path and "case" in getattr(getattr(item, "callspec", None), "params", {})
-    ]
-    run = InterpreterRun(ids)
+    run = InterpreterRun(Path(__file__).resolve(), CASES, selected(request))
     yield run
     run.stop()
 
@@ -656,9 +566,7 @@ def test_compile_units(target_name: str, interpreter_run: InterpreterRun) -> Non
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_interpreted(case: str, interpreter_run: InterpreterRun) -> None:
-    failure = interpreter_run.results()[case]
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
+    interpreter_run.check(case)
 
 
 # --- on a device -------------------------------------------------------------------------------------
@@ -704,4 +612,4 @@ def test_on_device(family: str) -> None:
 
 
 if __name__ == "__main__":
-    print(RESULT_LINE + json.dumps(run_cases(sys.argv[1:] or list(CASES))))
+    child_main(CASES)
