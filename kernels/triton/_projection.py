@@ -22,6 +22,18 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _INTERPRETED = _i.INTERPRETED
 round_to = _i.round_to  # the kernel files take it from here too
 
+# Default tiles on CDNA3/4 for the files that share this core (not measured: no AMD machine here). wave64:
+# 4 waves are 256 lanes, so a 16-byte load a lane covers 2048 bf16 of K; MFMA-friendly tiles (multiples
+# of 32); two LDS stages; waves_per_eu as the occupancy hint.
+ROCM_CONFIGS = [
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
+    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
+     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
+]  # fmt: skip
+
 FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 GEMV_MAX_M = 2  # H200: at M=4 the tl.dot path (block_m 16) beat the GEMV 1.7x; at M=2 they tie

@@ -85,7 +85,7 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _INTERPRETED, _to = _i.INTERPRETED, _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
 # (this file's GEMV splits K and its GEMM groups tiles along M, so the tiles themselves are its own).
-_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
+_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 
 

@@ -26,6 +26,11 @@ from polymorph.kernel_files import depend
 
 IMPLEMENTS = "linear+residual"
 
+# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
+# pinned by content hash.
+_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
+
 # Measured on an H200 (M=1 bf16): o_proj (2048 x 2048) 4.6-4.8 us with 2 rows x 2048 of K, 4 warps;
 # down_proj (2048 x 8192) 12.2 us with that and 11.8 us (2.85 TB/s) with 4 rows x 1024.
 _CUDA_CONFIGS = [
@@ -38,25 +43,12 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
-_ROCM_CONFIGS = [
-    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
-     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
-]  # fmt: skip
+_ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS
 
 
 def configs(target: Any) -> list[dict[str, Any]]:
     return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
-
-
-# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
-# pinned by content hash.
-_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
-_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
 # --- the kernel --------------------------------------------------------------------------------------

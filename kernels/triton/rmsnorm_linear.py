@@ -34,6 +34,11 @@ from polymorph.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm+linear"
 
+# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
+# pinned by content hash.
+_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
+
 # Measured on an H200 (M=1 bf16, final norm + lm_head 128256 x 2048): 8 rows x 1024 of K with 4 warps
 # read 3.97 TB/s, 93% of the copy bandwidth and on par with cuBLAS's GEMV (4.00); 2 rows read 3.14. Each
 # program re-reads x and w_norm (4 KB each at K=2048) from L2, so more rows a program amortize them.
@@ -53,25 +58,12 @@ _CUDA_CONFIGS = [
      "skinny_block_n": 128, "skinny_block_k": 64, "skinny_warps": 8, "skinny_stages": 4,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
-_ROCM_CONFIGS = [
-    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
-     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
-]  # fmt: skip
+_ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS
 
 
 def configs(target: Any) -> list[dict[str, Any]]:
     return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
-
-
-# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
-# pinned by content hash.
-_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
-_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
 # --- the kernel --------------------------------------------------------------------------------------

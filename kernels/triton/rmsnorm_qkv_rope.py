@@ -78,7 +78,7 @@ def configs(target: Any) -> list[dict[str, Any]]:
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
+_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 

@@ -35,6 +35,11 @@ from polymorph.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm+linear+silu*mul"
 
+# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
+# pinned by content hash.
+_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
+
 # Measured on an H200 (M=1 bf16, F=8192, K=2048, 64 MB of weights): 8 interleaved rows (4 features) x
 # 1024 of K with 4 warps, 21.3 us = 3.15 TB/s; 2 rows 23.6 us; 8 warps slower at every tile tried. More
 # rows a program amortize its L2 re-reads of x and w_norm.
@@ -52,25 +57,12 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
-_ROCM_CONFIGS = [
-    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
-     "block_m": 256, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
-]  # fmt: skip
+_ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS
 
 
 def configs(target: Any) -> list[dict[str, Any]]:
     return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
-
-
-# The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
-# pinned by content hash.
-_p = depend("triton/_projection.py", "9f1717f5b98bdefbf749a1784501b25ddba525021ecacb69cf76e13e7ab20044")
-_to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
 # --- the kernel --------------------------------------------------------------------------------------
