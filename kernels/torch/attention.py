@@ -16,12 +16,12 @@ def _attend(q, k, v, visible, scale, impl):
     # q: [B, S, H, Dh], k/v: [B, T, Hkv, Dh], visible: [B, S, T]
     rep = q.shape[2] // k.shape[2]
     q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # [B, H, S, Dh]
-    k = k.repeat_interleave(rep, dim=1)
-    v = v.repeat_interleave(rep, dim=1)
     mask = visible[:, None]  # [B, 1, S, T]
-    if impl == "sdpa":
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if impl == "sdpa":  # grouped query heads read their kv head in place (no repeated copy of K and V)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=rep > 1)
     else:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
         scores = (q @ k.transpose(-1, -2)) * scale
         out = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
     return out.transpose(1, 2)  # [B, S, H, Dh]
@@ -49,9 +49,9 @@ def build(spec, config, target):
         q, kc, vc, table, pos = (inputs[i] for i in args)
         b, blocks = table.shape
         _, block_size, hkv, d = kc.shape
-        table = table.long()
-        k = kc[table].reshape(b, blocks * block_size, hkv, d)  # [B, T, Hkv, Dh] in logical order
-        v = vc[table].reshape(b, blocks * block_size, hkv, d)
+        rows = table.reshape(-1).long()  # index_select: one gather kernel, half the cost of kc[table]
+        k = kc.index_select(0, rows).view(b, blocks * block_size, hkv, d)  # [B, T, Hkv, Dh] in logical order
+        v = vc.index_select(0, rows).view(b, blocks * block_size, hkv, d)
         t = torch.arange(blocks * block_size)
         visible = t[None, None, :] <= pos.long()[:, :, None]  # [B, S, T]
         outputs[0].copy_(_attend(q, k, v, visible, scale, impl))
