@@ -355,6 +355,7 @@ def _repin_pass(root: Path) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--repin"]:
-        sys.exit("usage: python -m polymorph.kernel_files --repin")
+        print("usage: python -m polymorph.kernel_files --repin", file=sys.stderr)
+        sys.exit(2)
     for changed_path in repin():
         print(f"repinned {changed_path}")
