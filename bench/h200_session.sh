@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The device runs the open issues wait for, in priority order, for one H200 session (30 minutes of
 # device time, 10 per command): run one STEP per call, e.g.
-#     bash bench/h200_session.sh tests     # then: microbench, engine, decode-b8, moe, tune
+#     bash bench/h200_session.sh tests     # then: microbench, engine, decode-b8, prefill, moe, tune
 # Each step installs polymorph (non-editable: see README, 'On the GPU machine'), writes its results
 # and log under $OUT, and stays under the 10-minute limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEP=${1:?usage: bench/h200_session.sh tests|microbench|engine|decode-b8|moe|tune|tp}
+STEP=${1:?usage: bench/h200_session.sh tests|microbench|engine|decode-b8|prefill|moe|tune|tp}
 python -m pip install --quiet --no-deps --no-build-isolation . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ROOT=$PWD
 run() {  # name, limit in seconds, command...
@@ -32,6 +32,9 @@ case "$STEP" in
   decode-b8)  # issue 3: the points that were slower than torch.compile, with every config of layer 0
     run decode-b8 560 python "$ROOT/bench/decode.py" --batch 8 32 --ctx 1024 --peers reduce-overhead \
       --kernels --sweep --steps 100 --out "$OUT/decode-b8.json" ;;
+  prefill)  # issue 3: the 2k prefill, unmeasured since the norm runs unfused above 64 rows (8f25429)
+    run prefill 560 python "$ROOT/bench/decode.py" --batch 1 --ctx 1024 --peers reduce-overhead \
+      --prefill 2048 --kernels --steps 100 --out "$OUT/prefill.json" ;;
   moe)  # issue 3: the Mixtral-style MoE points
     run moe 560 python "$ROOT/bench/decode.py" --model mixtral-8x7b --layers 4 --batch 1 32 --ctx 1024 \
       --peers eager reduce-overhead --out "$OUT/moe.json" ;;
