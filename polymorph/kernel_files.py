@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -162,21 +163,26 @@ def store_source(folder: Path, source: str) -> Path:
 
 @dataclass
 class _Loading:
-    folder: Path  # where the kernel file being imported lies (a compile output keeps copies there)
+    module: str  # the name of the module being imported
+    folder: Path  # where its file lies (a compile output or a candidate store keeps copies there)
     depends: list[tuple[str, str]] = field(default_factory=list)
 
 
-_LOADING: list[_Loading] = []  # the kernel files being imported, innermost last
+_LOADING: list[_Loading] = []  # the files being imported, innermost last (under _LOCK)
+_LOCK = threading.RLock()  # one import at a time: _LOADING and sys.modules entries are shared
 
 
 def depend(name: str, sha256: str) -> ModuleType:
     """The shared module `name` (a path under kernels/, e.g. "triton/_projection.py") at exactly
-    `sha256`, for a kernel file to call at import. The copy beside the importing file (`<sha256>.py`,
-    as a compile output stores it) is taken first, else the library's; any other content is an
-    ImportError, never a silent substitution. One module object per content hash: a changed shared
-    module is a new module, and kernels that pin the same one share its compiled Triton functions."""
-    folders = [_LOADING[-1].folder / f"{sha256}.py"] if _LOADING else []
-    for path in (*folders, kernels_root() / name):
+    `sha256`, for a kernel file to call at import. A copy `<sha256>.py` beside any file being imported
+    (innermost first: a compile output or a candidate store keeps them there) is taken first, else the
+    library's; any other content is an ImportError, never a silent substitution.
+
+    Each importing file gets a fresh module of its own, as a kernel file itself is fresh on every load:
+    a candidate that rebinds something in a shared module changes nothing for the stock kernels beside
+    it, and the module reads TRITON_INTERPRET as its importer does."""
+    beside = [loading.folder / f"{sha256}.py" for loading in reversed(_LOADING)]
+    for path in (*beside, kernels_root() / name):
         if not path.is_file():
             continue
         source = path.read_bytes()
@@ -187,29 +193,29 @@ def depend(name: str, sha256: str) -> ModuleType:
                 f"the kernel needs {name} at sha256 {sha256[:12]} but {path} is {source_hash(source)[:12]}: "
                 "after editing a shared module, run `python -m polymorph.kernel_files --repin`"
             )
-        module = _import(path, f"polymorph_kernel_{Path(name).stem}_{sha256[:16]}", reuse=True)
-        for loading in _LOADING:  # every kernel being imported needs it and what it depends on
+        importer = _LOADING[-1].module if _LOADING else "polymorph_kernel"
+        module = _import(path, f"{importer}__{Path(name).stem.lstrip('_')}_{sha256[:16]}")
+        for loading in _LOADING:  # every file being imported needs it and what it depends on
             loading.depends.extend(d for d in ((name, sha256), *module.__polymorph_depends__)
                                    if d not in loading.depends)  # fmt: skip
         return module
     raise ImportError(f"the kernel needs {name} (sha256 {sha256[:12]}), which is in no searched folder")
 
 
-def _import(path: Path, mod_name: str, *, reuse: bool = False) -> ModuleType:
-    if reuse and mod_name in sys.modules:
-        return sys.modules[mod_name]
+def _import(path: Path, mod_name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(mod_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
-    _LOADING.append(_Loading(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(mod_name, None)
-        raise
-    finally:
-        loading = _LOADING.pop()
+    with _LOCK:
+        sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
+        _LOADING.append(_Loading(mod_name, path.parent))
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(mod_name, None)
+            raise
+        finally:
+            loading = _LOADING.pop()
     module.__dict__.setdefault("__polymorph_depends__", tuple(loading.depends))
     return module
 
@@ -274,20 +280,29 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
     kernel_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for group in plan.groups:
+        src = Path(group.kernel.file)
+        origin = src if src.is_absolute() else kernels_root() / src
         dest = kernel_dir / f"{group.kernel.sha256}.py"
         if not dest.exists():
-            src = Path(group.kernel.file)
-            shutil.copyfile(src if src.is_absolute() else kernels_root() / src, dest)
+            shutil.copyfile(origin, dest)
             written.append(str(dest.relative_to(out_dir)))
-        for name, sha in load_kernel(dest).depends:  # the shared modules it pins, beside it
+        text = dest.read_text(encoding="utf-8")
+        found = pinned_sources(text, beside=origin.parent)  # as `depend` finds them for `origin`
+        have = {sha for _, sha, _ in found}
+        missing = sorted(
+            {name for t in (text, *(f[2] for f in found)) for name, sha in pins(t) if sha not in have}
+        )
+        if missing:
+            raise UserError(f"{origin}: the shared modules it pins are not found: {', '.join(missing)}")
+        for _, sha, shared in found:  # beside the kernel, where `depend` looks first
             dep = kernel_dir / f"{sha}.py"
             if not dep.exists():
-                shutil.copyfile(kernels_root() / name, dep)
+                dep.write_text(shared, encoding="utf-8")
                 written.append(str(dep.relative_to(out_dir)))
     return written
 
 
-_PIN = re.compile(r'depend\(\s*"([^"]+)",\s*"([0-9a-f]{64})"\s*\)')
+_PIN = re.compile(r"""depend\(\s*["']([^"']+)["'],\s*["']([0-9a-f]{64})["']\s*\)""")
 
 
 def pins(source: str) -> list[tuple[str, str]]:
@@ -331,11 +346,14 @@ def repin(root: Path | None = None) -> list[Path]:
     the files changed. For maintainers after editing a shared module (`--repin`)."""
     root = root or kernels_root()
     changed: list[Path] = []
-    while True:  # a shared module may pin another: repeat until every pin holds
+    for _ in range(16):  # a shared module may pin another: repeat until every pin holds
         done = _repin_pass(root)
         changed += [p for p in done if p not in changed]
         if not done:
             return changed
+    raise UserError(
+        f"the pins never settle: shared modules pin each other in a cycle ({', '.join(p.name for p in done)})"
+    )
 
 
 def _repin_pass(root: Path) -> list[Path]:

@@ -28,8 +28,10 @@ RESULT_LINE = "interpreter results: "
 Cases = Mapping[str, Callable[[], None]]
 
 
+@functools.cache
 def load(name: str, interpret: bool) -> KernelFile:
-    """kernels/triton/<name>.py, loaded with TRITON_INTERPRET set or unset for its module."""
+    """kernels/triton/<name>.py, loaded (once per process) with TRITON_INTERPRET set or unset for its
+    module and the shared modules it pins."""
     before = os.environ.pop("TRITON_INTERPRET", None)
     try:
         if interpret:

@@ -19,8 +19,10 @@ Any coding agent can also take part without either: `polymorph board post|wait|r
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import threading
 import urllib.error
@@ -141,6 +143,8 @@ class _External(ABC):
         for signature, call in self._calls.items():
             if not call.done():
                 self.errors.append(f"{signature}: still answering when the budget ran out")
+            elif call.result():
+                self.errors.append(f"{signature}: answered after the search stopped taking candidates")
         self._calls.clear()
 
     def propose(self, space: GroupSpace, tried: Mapping[tuple, Outcome | None], limit: int) -> list[Proposal]:
@@ -178,8 +182,15 @@ class _External(ABC):
         prompt = build_prompt(space, {**self.context_of(space), "results": results}, best)
         call: Future[list[Proposal]] = Future()
         self._calls[space.signature] = call
-        threading.Thread(target=lambda: call.set_result(self._answer(space, prompt)), daemon=True,
-                         name=f"agent-{self.name}").start()  # fmt: skip
+
+        def answer() -> None:
+            try:
+                call.set_result(self._answer(space, prompt))
+            except BaseException as e:  # the call always ends: a hung future would hold tune to its budget
+                self.errors.append(f"{space.group}: the agent call failed: {type(e).__name__}: {e}")
+                call.set_result([])
+
+        threading.Thread(target=answer, daemon=True, name=f"agent-{self.name}").start()
         return []
 
     def _answer(self, space: GroupSpace, prompt: str) -> list[Proposal]:
@@ -187,9 +198,6 @@ class _External(ABC):
             source, config, reasoning = parse_answer(self.ask(prompt))
         except UserError as e:
             self.errors.append(f"{space.group}: {e}")
-            return []
-        except Exception as e:  # the agent's own failure costs its answer, never the tune
-            self.errors.append(f"{space.group}: the agent call failed: {type(e).__name__}: {e}")
             return []
         path = store_source(self.sources, source)
         return [Proposal(space.signature, space.group, path, config, self.name, reasoning[:4000])]
@@ -200,34 +208,49 @@ class CommandAgent(_External):
     command: str = ""
     timeout_s: float = 600.0
     _running: set[subprocess.Popen[str]] = field(default_factory=set, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def ask(self, prompt: str) -> str:
         try:
             argv = shlex.split(self.command)
         except ValueError as e:
             raise UserError(f"the agent command `{self.command}` does not parse: {e}") from None
-        try:
+        try:  # a session of its own: close() ends the command and whatever it started
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, errors="replace")  # fmt: skip
+                                    text=True, errors="replace", start_new_session=True)  # fmt: skip
         except FileNotFoundError:
             raise UserError(f"the agent command `{self.command}` was not found") from None
-        self._running.add(proc)
+        with self._lock:
+            self._running.add(proc)
+            if self._closed:
+                _kill_group(proc)
         try:
             stdout, stderr = proc.communicate(prompt, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill_group(proc)
             proc.communicate()
             raise UserError(f"the agent command took more than {self.timeout_s:.0f} s") from None
         finally:
-            self._running.discard(proc)
+            with self._lock:
+                self._running.discard(proc)
         if proc.returncode != 0:
             raise UserError(f"the agent command exited {proc.returncode}: {stderr.strip()[-200:]}")
         return stdout
 
     def close(self) -> None:
         super().close()
-        for proc in list(self._running):  # an abandoned call's process does not outlive the tune
-            proc.kill()
+        with self._lock:  # an abandoned call's processes do not outlive the tune
+            self._closed = True
+            for proc in self._running:
+                _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 @dataclass

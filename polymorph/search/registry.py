@@ -164,6 +164,9 @@ class Champion:
                 raise UserError(f"a champion's {name} must be text")
         if not _number(self.created):
             raise UserError(f"a champion's created time must be a number, got {self.created!r}")
+        for sha, text in self.shared.items():
+            if as_source_text(text, "a champion's shared module")[1] != sha:
+                raise UserError(f"a champion's shared module {str(sha)[:12]} does not match its sha256")
 
     @property
     def sha256(self) -> str:

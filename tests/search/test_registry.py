@@ -335,3 +335,11 @@ def test_a_champion_carries_the_shared_modules_its_source_pins(
     monkeypatch.setattr(kernel_files, "kernels_root", lambda: moved)
     assert kernel_files.load_kernel(path).depends == tuple(carried)
     assert len(got.shared) == 2  # the projection core and the interpreter module it pins
+    # ... and a tuned plan naming it compiles to an output that carries what it runs.
+    from types import SimpleNamespace
+
+    choice = SimpleNamespace(file=str(path), sha256=kernel_files.source_hash(path.read_bytes()))
+    out = tmp_path / "compiled"
+    written = kernel_files.copy_kernel_sources(SimpleNamespace(groups=[SimpleNamespace(kernel=choice)]), out)
+    assert {f"kernels/{sha}.py" for sha in got.shared} <= set(written)
+    assert kernel_files.load_choice(str(path), choice.sha256, out).depends == tuple(carried)

@@ -5,6 +5,7 @@ endpoint's kernel goes through the board and every gate like any other candidate
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -156,18 +157,50 @@ def test_a_slow_agent_never_stalls_the_loop(tmp_path: Path) -> None:
     assert p.kernel.read_text() == KERNEL and not schedule.waiting
 
 
-def test_a_call_still_out_at_the_end_is_recorded(tmp_path: Path) -> None:
+def test_a_call_still_out_at_the_end_is_recorded_and_its_processes_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
     script = tmp_path / "stuck.py"
-    script.write_text("import time\ntime.sleep(600)\n")
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
     agent = CommandAgent("command", tmp_path / "src", command=f"{sys.executable} {script}")
     assert agent.propose(_space(), {}, 1) == [] and agent.waiting
     deadline = time.monotonic() + 30
-    while not agent._running and time.monotonic() < deadline:
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    (proc,) = agent._running
+    grandchild = int(pidfile.read_text())
     agent.close()
     assert not agent.waiting and "still answering" in agent.errors[0]
-    assert proc.wait(timeout=10) != 0  # killed, not left to run for its 600 s
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild), "what the agent command started outlived the tune"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie awaiting its reaper is gone too
+        return f.read().split()[2] != "Z"
+
+
+def test_an_answer_that_cannot_be_stored_ends_the_call_with_its_cause(tmp_path: Path) -> None:
+    answer = tmp_path / "answer.txt"
+    answer.write_text(ANSWER)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    agent = CommandAgent(
+        "command",
+        blocked,
+        command=f'{sys.executable} -c "import sys; sys.stdout.write(open({str(answer)!r}).read())"',
+    )
+    assert answer_of(agent) == [] and not agent.waiting
+    assert "the agent call failed" in agent.errors[0]
 
 
 @pytest.mark.slow

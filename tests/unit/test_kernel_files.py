@@ -29,15 +29,27 @@ def test_every_pin_in_the_library_names_the_shared_module_as_it_is() -> None:
             assert sha == now, f"{path.name} pins {name} at {sha[:12]}, it is {now[:12]}: run --repin"
 
 
-def test_a_kernel_records_what_it_depends_on_and_shares_one_module_per_hash() -> None:
+def test_a_kernel_records_what_it_depends_on_and_gets_shared_modules_of_its_own() -> None:
     a = kernel_files.load_kernel(LIBRARY / "triton" / "rmsnorm_linear.py")
     b = kernel_files.load_kernel(LIBRARY / "triton" / "linear_residual.py")
     # The projection core, and what it pins in turn (the interpreter's corrections).
     assert a.depends == b.depends
     assert [name for name, _ in a.depends] == ["triton/_interpreter.py", "triton/_projection.py"]
-    assert a.module._p is b.module._p  # one compiled core for every kernel that pins it
-    again = kernel_files.load_kernel(LIBRARY / "triton" / "rmsnorm_linear.py")
-    assert again.module is not a.module  # the kernel file itself is still a fresh module each load
+    # Fresh per importer, as the kernel file itself is: a candidate that rebinds something in its
+    # shared module cannot change the stock kernel beside it.
+    assert a.module._p is not b.module._p
+    a.module._p.GEMV_MAX_M = 64
+    assert b.module._p.GEMV_MAX_M == 2
+
+
+def test_shared_modules_read_the_interpreter_setting_of_their_importer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpreted = kernel_files.load_kernel(LIBRARY / "triton" / "linear_residual.py")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    compiled = kernel_files.load_kernel(LIBRARY / "triton" / "linear_residual.py")
+    assert bool(interpreted.module._p._INTERPRETED) and not bool(compiled.module._p._INTERPRETED)
 
 
 def test_a_stale_pin_is_one_clear_error(tmp_path: Path) -> None:
@@ -47,6 +59,15 @@ def test_a_stale_pin_is_one_clear_error(tmp_path: Path) -> None:
     stale.write_text(source.replace(sha, "0" * 64))
     with pytest.raises(UserError, match=r"_projection\.py at sha256 000000000000 .*--repin"):
         kernel_files.load_kernel(stale)
+
+
+def test_repin_refuses_a_cycle(tmp_path: Path) -> None:
+    root = tmp_path / "kernels"
+    (root / "triton").mkdir(parents=True)
+    (root / "triton" / "_a.py").write_text(f'b = depend("triton/_b.py", "{"0" * 64}")\n')
+    (root / "triton" / "_b.py").write_text(f'a = depend("triton/_a.py", "{"0" * 64}")\n')
+    with pytest.raises(UserError, match="cycle"):
+        kernel_files.repin(root)
 
 
 def test_repin_rewrites_only_stale_pins(tmp_path: Path) -> None:
