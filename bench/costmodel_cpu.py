@@ -101,12 +101,9 @@ def decode_step(model: str, ctx: int) -> tuple[Any, Callable[[], dict[str, np.nd
 
     m = load_model(model)
     exe = registry.get("cpu").load(api.compile(m, "cpu", "cpu", batch=1, ctx=ctx), m.weights())
-    block = int(m.graph.meta["block_size"])
-    blocks = -(-ctx // block)
-    exe.allocate_state(blocks + 1)
-    cache = PagedKVCache(block, blocks + 1, blocks)
-    cache.reserve(0, ctx - 1)
-    positions, table = np.stack([cache.reserve(0, 1)]), cache.block_table([0])
+    cache = PagedKVCache.for_batch(1, ctx, int(m.graph.meta["block_size"]))
+    exe.allocate_state(cache.cache_blocks)
+    positions, table = cache.decode_step(1, ctx)
     vocab = int(m.graph.params["model.embed_tokens.weight"].shape[0])
     rng = np.random.default_rng()
     return exe, lambda: {"tokens": rng.integers(0, vocab, (1, 1), dtype=np.int32), "positions": positions,

@@ -35,6 +35,14 @@ class PagedKVCache:
         ctx_blocks = -(-max_ctx // block_size)
         return cls(block_size=block_size, cache_blocks=batch * ctx_blocks + 1, ctx_blocks=ctx_blocks)
 
+    def decode_step(self, batch: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        """(positions [batch, 1], block table) of a decode step at context `ctx` for sequences 0..batch-1,
+        each grown to `ctx - 1` tokens first: the shape a measured decode step has."""
+        seqs = list(range(batch))
+        for seq in seqs:
+            self.reserve(seq, ctx - 1 - self.length(seq))
+        return np.stack([self.reserve(seq, 1) for seq in seqs]), self.block_table(seqs)
+
     def length(self, seq: int) -> int:
         return self._lengths.get(seq, 0)
 

@@ -80,13 +80,14 @@ _ROCM_CONFIGS = [
 ]  # fmt: skip
 CONFIGS = _CUDA_CONFIGS
 
-# The GEMM path's dot operands are upcast under Triton's interpreter (see _interpreter.py).
+# Rounding as compiled code rounds, under Triton's interpreter too (see _interpreter.py).
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
-_INTERPRETED, _to = _i.INTERPRETED, _i.round_to
+_to = _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
-# (this file's GEMV splits K and its GEMM groups tiles along M, so the tiles themselves are its own).
+# (this file's GEMV splits K, so that tile is its own; its GEMM orders the tiles in groups along M).
 _p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
+_gemm_tile = _p.gemm_tile  # the tl.dot K loop; the grouped tile order around it is this file's
 
 
 def configs(target: Any) -> list[dict[str, Any]]:
@@ -178,31 +179,10 @@ def _linear_gemm(x_ptr, w_ptr, b_ptr, y_ptr, M,
     pid_n = (pid % (GROUP_M * num_n)) // size_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     # clamped rows: unmasked loads; the tail's duplicates are never stored
-    xp = x_ptr + tl.minimum(offs_m, M - 1)[:, None] * K + offs_k[None, :]
-    wp = w_ptr + tl.minimum(offs_n, N - 1)[:, None] * K + offs_k[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if HINT:
-            xp = tl.multiple_of(xp, [16, 16])
-            wp = tl.multiple_of(wp, [16, 16])
-        if EVEN_K:
-            a = tl.load(xp)
-            b = tl.load(wp)
-        else:
-            kmask = (k0 + offs_k < K)[None, :]
-            a = tl.load(xp, mask=kmask, other=0.0)
-            b = tl.load(wp, mask=kmask, other=0.0)
-        if _INTERPRETED:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if a.dtype == tl.float32:
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc)
-        xp += BLOCK_K
-        wp += BLOCK_K
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K
+    w_rows = w_ptr + tl.minimum(offs_n, N - 1) * K
+    acc, _ = _gemm_tile(x_rows, x_ptr, w_rows, K, False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]

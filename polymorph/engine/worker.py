@@ -379,12 +379,7 @@ class Worker:
             raise ValueError(f"tier must be one of {protocol.TIERS} and trials >= 1")
         batch, ctx = self.bucket
         self.verify_cache = None
-        cache = self._fresh_cache(ctx)
-        seqs = list(range(batch))
-        for s in seqs:
-            cache.reserve(s, ctx - 1)  # a decode step at the bucket's longest context
-        positions = np.stack([cache.reserve(s, 1) for s in seqs])
-        table = cache.block_table(seqs)
+        positions, table = self._fresh_cache(ctx).decode_step(batch, ctx)  # at the bucket's longest context
         vocab = int(self.artifact.plan.graph.params["model.embed_tokens.weight"].shape[0])  # type: ignore[union-attr]
         rng = np.random.default_rng()
 

@@ -14,12 +14,9 @@ from polymorph.models import load_model
 def decode(ctx: int = 40):
     m = load_model("llama-tiny")
     exe = registry.get("cpu").load(api.compile(m, "cpu", batch=1, ctx=ctx), m.weights())
-    block = int(m.graph.meta["block_size"])
-    blocks = -(-ctx // block)
-    exe.allocate_state(blocks + 1)
-    cache = PagedKVCache(block, blocks + 1, blocks)
-    cache.reserve(0, ctx - 1)
-    positions, table = np.stack([cache.reserve(0, 1)]), cache.block_table([0])
+    cache = PagedKVCache.for_batch(1, ctx, int(m.graph.meta["block_size"]))
+    exe.allocate_state(cache.cache_blocks)
+    positions, table = cache.decode_step(1, ctx)
     rng = np.random.default_rng()
 
     def inputs() -> dict[str, np.ndarray]:
