@@ -15,7 +15,9 @@ between measured points and flat beyond the ends:
   attention or experts but no linear uses the M=1 points: decode attention and routed experts are
   matrix-vector work. Other groups (norms, elementwise) run at efficiency 1 on compute: their flops are
   negligible and memory or launch overhead bounds them.
-- launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S. Where
+- launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S, once
+  per kernel the group launches (a split decode attention launches two; counted from the plan's
+  compile units where the caller gives them, else one). Where
   the caller knows how many ops a kernel dispatches from the host (the cpu backend's torch kernels:
   `host_ops`, counted in one untimed step) and the calibration has `op_overhead` (one bare op), each op
   beyond the first adds it: a small cpu kernel's time is mostly dispatch, not arithmetic.
@@ -239,13 +241,14 @@ class HardwareModel:
         shape: tuple[int, int, int] | None,
         matrix: bool,
         host_ops: int | None = None,
+        launches: int = 1,
     ) -> KernelRow:
         memory_s = cost.bytes / (self.bandwidth() * self.eff_bw(cost.bytes)) if cost.bytes > 0 else 0.0
         compute_s = 0.0
         if cost.flops > 0:
             eff = self.eff_flops(cost.flops, dtype, shape) if matrix else 1.0
             compute_s = cost.flops / (self.peak(dtype) * eff)
-        overhead = self.launch_overhead_s
+        overhead = self.launch_overhead_s * launches
         if host_ops is not None and self.op_overhead_s is not None:
             overhead += max(host_ops - 1, 0) * self.op_overhead_s
         if overhead > max(memory_s, compute_s):
@@ -273,12 +276,14 @@ def predict(
     calibration_dir: Path | None = None,
     costs: Mapping[str, Cost] | None = None,
     host_ops: Mapping[str, int] | None = None,
+    launches: Mapping[str, int] | None = None,
 ) -> Prediction:
     """The predicted step of `plan` at its bindings on `profile` (default: the plan's, with the
     calibration overlay from `calibration_dir` or POLYMORPH_CALIBRATION_DIR). `costs` replaces the
     op-table cost of the groups it names (parallel.py's per-device expert work); `host_ops` gives the
-    ops each group dispatches from the host (CpuExecutable.host_ops). UserError when the plan has
-    unbound symbols or the profile lacks a figure the model needs."""
+    ops each group dispatches from the host (CpuExecutable.host_ops); `launches` the kernels each
+    group launches per call (its compile units, backends/gpu `launch_counts`; default one). UserError
+    when the plan has unbound symbols or the profile lacks a figure the model needs."""
     if profile is None:
         from polymorph.knobs import knobs
 
@@ -297,7 +302,9 @@ def predict(
     rows = []
     gpu = Target.parse(plan.target).is_gpu
     for group in plan.groups:
-        if gpu and group.pattern == "reshape":  # the GPU runtime binds a reshape as a view: no launch
+        # The GPU runtime binds a reshape, and a slice whose result is contiguous (the last-token slice
+        # and the head merge of a decode step), as a view: no launch, no time.
+        if gpu and group.pattern in ("reshape", "slice"):
             rows.append(KernelRow(group.id, group.pattern, 0.0, 0.0, _compute_dtype(group, types), 0.0, 0.0,
                                   0.0, 0.0, "view"))  # fmt: skip
             continue
@@ -312,6 +319,7 @@ def predict(
                 _matmul_shape(group, by_name, types, bindings),
                 matrix=bool(ops & MATRIX_OPS),
                 host_ops=(host_ops or {}).get(group.id),
+                launches=(launches or {}).get(group.id, 1),
             )
         )
     return Prediction(

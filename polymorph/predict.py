@@ -99,8 +99,10 @@ def _apply_cost_model(plan: Plan, profile: Any, report: Report) -> None:
     launch overhead, costmodel.py), keeping the floor beside it; the step adds the footprint."""
     from polymorph.costmodel import predict
 
+    # Kernels per call, where the compile counted them (a GPU group's compile units).
+    launches = {k.group: len(k.resources["units"]) for k in report.kernels if k.resources.get("units")}
     try:
-        pred = predict(plan, profile)
+        pred = predict(plan, profile, launches=launches)
     except UserError:
         return  # the floor stands, with its own explanation
     rows = {r.group: r for r in pred.kernels}

@@ -152,6 +152,20 @@ class TritonBackend(Backend):
         return GpuExecutable(self, artifact.plan, weights, artifact_dir=artifact.out_dir)
 
 
+def launch_counts(plan: Plan) -> dict[str, int]:
+    """The kernels each group of `plan` launches per call at its bindings, for the cost model: its
+    compile units, or one library call for a group with no kernel of ours."""
+    target = Target.parse(plan.target)
+    concrete = specialize(plan.graph, plan.bindings)
+    types = concrete.types()
+    counts = {}
+    for group in plan.groups:
+        kernel = load_choice(group.kernel.file, group.kernel.sha256)
+        units = kernel.compile_units(kernel_spec(concrete, group, types, target), group.kernel.config, target)
+        counts[group.id] = max(len(units), 1)
+    return counts
+
+
 def _compile_group(
     kernel: KernelFile, units: list, target: Target, compiled: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:

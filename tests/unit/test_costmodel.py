@@ -162,13 +162,34 @@ def test_uncalibrated_prediction_says_so_and_uses_the_vendor_roofline(tmp_path: 
     p = costmodel.predict(lower("llama-tiny", h200), h200)
     assert not p.calibrated and p.basis.startswith("uncalibrated")
     views = [k for k in p.kernels if k.bound == "view"]
-    assert views and all(k.pattern == "reshape" and k.predicted_s == 0 for k in views)
+    assert views and all(k.pattern in ("reshape", "slice") and k.predicted_s == 0 for k in views)
     for k in p.kernels:
-        if k.bound == "view":  # the GPU runtime binds a reshape as a view of its input
+        if k.bound == "view":  # the GPU runtime binds a reshape or a contiguous slice as a view
             continue
         assert k.overhead_s == costmodel.DEFAULT_LAUNCH_OVERHEAD_S
         assert k.memory_s == pytest.approx(k.bytes / 4.8e12)
         assert k.compute_s == pytest.approx(k.flops / h200.peak_flops(k.dtype))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
+)
+def test_each_kernel_a_group_launches_pays_the_launch_overhead(tmp_path: Path) -> None:
+    from polymorph.backends.gpu.backend import launch_counts
+
+    h200 = load_profile("h200", tmp_path)
+    plan = lower("llama-tiny", h200, ctx=1024)
+    counts = launch_counts(plan)
+    attention = [g.id for g in plan.groups if g.pattern == "cache_attention"]
+    assert attention and all(counts[g] == 2 for g in attention)  # split over the context, then reduce
+    assert all(n == 1 for g, n in counts.items() if g not in attention)
+    counted = costmodel.predict(plan, h200, launches=counts)
+    plain = costmodel.predict(plan, h200)
+    for g in attention:
+        assert counted.row(g).overhead_s == pytest.approx(2 * plain.row(g).overhead_s)
+    assert counted.step_s == pytest.approx(
+        plain.step_s + len(attention) * costmodel.DEFAULT_LAUNCH_OVERHEAD_S
+    )
 
 
 def test_cpu_without_calibration_is_a_user_error(tmp_path: Path) -> None:
