@@ -41,7 +41,7 @@ from polymorph.errors import UserError
 from polymorph.hw import Curve, Profile, load_profile, peak_key
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.ops import Cost
-from polymorph.ir.shapes import numel
+from polymorph.ir.shapes import concrete, numel
 from polymorph.plan import Plan, PlanGroup
 from polymorph.predict import group_cost
 from polymorph.target import Target
@@ -302,9 +302,9 @@ def predict(
     rows = []
     gpu = Target.parse(plan.target).is_gpu
     for group in plan.groups:
-        # The GPU runtime binds a reshape, and a slice whose result is contiguous (the last-token slice
-        # and the head merge of a decode step), as a view: no launch, no time.
-        if gpu and group.pattern in ("reshape", "slice"):
+        # The GPU runtime binds a reshape, and a slice whose result is contiguous (a decode step's
+        # last-token slice), as a view: no launch, no time.
+        if gpu and _binds_as_view(group, by_name, types, bindings):
             rows.append(KernelRow(group.id, group.pattern, 0.0, 0.0, _compute_dtype(group, types), 0.0, 0.0,
                                   0.0, 0.0, "view"))  # fmt: skip
             continue
@@ -332,6 +332,22 @@ def predict(
         basis=model.basis(),
         step_overhead_s=model.step_overhead_s,
     )
+
+
+def _binds_as_view(
+    group: PlanGroup, by_name: Mapping[str, Any], types: Mapping[str, TensorType], bindings: Mapping[str, int]
+) -> bool:
+    """What backends/gpu/runtime.py `_view` binds without a copy: a reshape, or a slice of a contiguous
+    tensor whose result is contiguous (every dim before the axis is 1, or the slice is the whole axis)."""
+    if group.pattern == "reshape":
+        return True
+    if group.pattern != "slice":
+        return False
+    node = by_name[group.nodes[0]]
+    shape = [int(d) for d in concrete(types[node.inputs[0]].shape, bindings)]
+    axis = int(node.attrs["axis"]) % len(shape)
+    start, end, _ = slice(node.attrs["start"], node.attrs.get("end")).indices(shape[axis])
+    return math.prod(shape[:axis]) == 1 or end - start == shape[axis]
 
 
 def footprint(plan: Plan) -> Footprint:

@@ -12,6 +12,9 @@ Optional:
   compile_units(spec, config, target) -> list[CompileUnit]
               the Triton kernels `build` would launch for this (concrete-shaped) spec, for
               ahead-of-time compilation to device code without the device (PTX/cubin, AMDGCN/HSACO)
+  launches(spec, config, target) -> int
+              the kernels one call launches, where that is not one per compile unit (a unit launched
+              once per projection; torch ops around the Triton kernels): the cost model's count
 A file is loaded by path as a fresh module every time (the hot-reload primitive) and is named by the
 sha256 of its source, so a plan names exactly the code it was built with.
 
@@ -132,6 +135,12 @@ class KernelFile:
             return tuple(dict(c) for c in self.module.configs(target))
         return self.configs
 
+    def launches(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> int:
+        """Kernels one call launches (the file's `launches`, else one per compile unit, at least one)."""
+        if hasattr(self.module, "launches"):
+            return int(self.module.launches(spec, dict(config), target))
+        return max(len(self.compile_units(spec, config, target)), 1)
+
     def compile_units(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> list[CompileUnit]:
         """The Triton kernels to compile ahead of time; [] for a file with no device code of its own."""
         if not hasattr(self.module, "compile_units"):
@@ -181,6 +190,11 @@ def depend(name: str, sha256: str) -> ModuleType:
     Each importing file gets a fresh module of its own, as a kernel file itself is fresh on every load:
     a candidate that rebinds something in a shared module changes nothing for the stock kernels beside
     it, and the module reads TRITON_INTERPRET as its importer does."""
+    with _LOCK:  # re-entrant: a kernel's import holds it already; any other caller waits its turn
+        return _depend(name, sha256)
+
+
+def _depend(name: str, sha256: str) -> ModuleType:
     beside = [loading.folder / f"{sha256}.py" for loading in reversed(_LOADING)]
     for path in (*beside, kernels_root() / name):
         if not path.is_file():
@@ -208,14 +222,16 @@ def _import(path: Path, mod_name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     with _LOCK:
         sys.modules[mod_name] = module  # dataclasses and triton.jit look the module up by name
-        _LOADING.append(_Loading(mod_name, path.parent))
+        loading = _Loading(mod_name, path.parent)
         try:
+            _LOADING.append(loading)
             spec.loader.exec_module(module)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
         finally:
-            loading = _LOADING.pop()
+            if _LOADING and _LOADING[-1] is loading:
+                _LOADING.pop()
     module.__dict__.setdefault("__polymorph_depends__", tuple(loading.depends))
     return module
 
@@ -286,7 +302,7 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
         if not dest.exists():
             shutil.copyfile(origin, dest)
             written.append(str(dest.relative_to(out_dir)))
-        text = dest.read_text(encoding="utf-8")
+        text = dest.read_bytes().decode("utf-8")
         found = pinned_sources(text, beside=origin.parent)  # as `depend` finds them for `origin`
         have = {sha for _, sha, _ in found}
         missing = sorted(
@@ -297,7 +313,7 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
         for _, sha, shared in found:  # beside the kernel, where `depend` looks first
             dep = kernel_dir / f"{sha}.py"
             if not dep.exists():
-                dep.write_text(shared, encoding="utf-8")
+                dep.write_bytes(shared.encode("utf-8"))
                 written.append(str(dep.relative_to(out_dir)))
     return written
 
@@ -333,9 +349,11 @@ def pinned_sources(source: str, beside: Path | None = None) -> list[tuple[str, s
 
     def text_of(name: str, sha: str) -> str | None:
         for path in ([beside / f"{sha}.py"] if beside is not None else []) + [kernels_root() / name]:
-            text = path.read_text(encoding="utf-8") if path.is_file() else ""
-            if source_hash(text.encode()) == sha:
-                return text
+            raw = (
+                path.read_bytes() if path.is_file() else b""
+            )  # bytes: the hash is of the bytes, CRLF and all
+            if source_hash(raw) == sha:
+                return raw.decode("utf-8")
         return None
 
     return pinned_closure(source, text_of)

@@ -40,6 +40,10 @@ class PagedKVCache:
         each grown to `ctx - 1` tokens first: the shape a measured decode step has."""
         seqs = list(range(batch))
         for seq in seqs:
+            if self.length(seq) > ctx - 1:
+                raise UserError(
+                    f"sequence {seq} already holds {self.length(seq)} tokens, past a {ctx}-token step"
+                )
             self.reserve(seq, ctx - 1 - self.length(seq))
         return np.stack([self.reserve(seq, 1) for seq in seqs]), self.block_table(seqs)
 

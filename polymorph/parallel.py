@@ -44,6 +44,7 @@ from polymorph.models.decoder import DEFAULT_BLOCK_SIZE, build_decoder
 from polymorph.passes import bucket_bindings
 from polymorph.plan import Plan
 from polymorph.predict import group_cost
+from polymorph.target import Target
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,14 @@ def _option(
     )
     plan = registry.get(backend).lower(graph, profile, bucket_bindings(graph, batch=batch, ctx=ctx))
     plan.model = m.name
-    base = predict(plan, profile, costs=_expert_parallel_costs(plan, ep) if ep > 1 else None)
+    launches = None
+    if Target.parse(plan.target).is_gpu:  # kernels per group, as the compile report counts them
+        from polymorph.backends.gpu.backend import launch_counts
+
+        launches = launch_counts(plan)
+    base = predict(
+        plan, profile, costs=_expert_parallel_costs(plan, ep) if ep > 1 else None, launches=launches
+    )
     compute_s = base.step_s
     rows = _allreduce_rows(m.config, profile, tp, batch, m.dtype)
     allreduce_s = None if rows is None else sum(r.predicted_s for r in rows)

@@ -99,8 +99,8 @@ def _apply_cost_model(plan: Plan, profile: Any, report: Report) -> None:
     launch overhead, costmodel.py), keeping the floor beside it; the step adds the footprint."""
     from polymorph.costmodel import predict
 
-    # Kernels per call, where the compile counted them (a GPU group's compile units).
-    launches = {k.group: len(k.resources["units"]) for k in report.kernels if k.resources.get("units")}
+    # Kernels per call, where the compile counted them (a GPU group's KernelFile.launches).
+    launches = {k.group: k.resources["launches"] for k in report.kernels if "launches" in k.resources}
     try:
         pred = predict(plan, profile, launches=launches)
     except UserError:

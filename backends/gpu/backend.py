@@ -122,6 +122,7 @@ class TritonBackend(Backend):
             spec = kernel_spec(concrete, group, types, target)
             units = kernel.compile_units(spec, group.kernel.config, target)
             resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled)
+            resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, target)
         artifact = Artifact(plan, plan_report(plan, resources_of=lambda g: resources[g.id]), out_dir)
         spills = [k for k in artifact.report.kernels if (k.resources.get("spill_bytes") or 0) > 0]
         for k in spills:
@@ -153,16 +154,20 @@ class TritonBackend(Backend):
 
 
 def launch_counts(plan: Plan) -> dict[str, int]:
-    """The kernels each group of `plan` launches per call at its bindings, for the cost model: its
-    compile units, or one library call for a group with no kernel of ours."""
+    """The kernels each group of `plan` launches per call at its bindings, for the cost model
+    (KernelFile.launches: its compile units unless the file counts otherwise; one library call for a
+    group with no kernel of ours). Each kernel file is loaded once."""
     target = Target.parse(plan.target)
     concrete = specialize(plan.graph, plan.bindings)
     types = concrete.types()
+    files: dict[str, KernelFile] = {}
     counts = {}
     for group in plan.groups:
-        kernel = load_choice(group.kernel.file, group.kernel.sha256)
-        units = kernel.compile_units(kernel_spec(concrete, group, types, target), group.kernel.config, target)
-        counts[group.id] = max(len(units), 1)
+        key = group.kernel.sha256
+        if key not in files:
+            files[key] = load_choice(group.kernel.file, key)
+        spec = kernel_spec(concrete, group, types, target)
+        counts[group.id] = files[key].launches(spec, group.kernel.config, target)
     return counts
 
 

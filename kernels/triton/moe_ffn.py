@@ -476,6 +476,21 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
+# Torch ops `_route_tiles` dispatches (each a small kernel on the device), counted under a dispatch
+# counter (tests/kernels/triton/test_moe.py checks the count).
+ROUTE_OPS = 25
+
+
+def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
+    """Kernels one call launches at the spec's token count: the path's Triton kernels, plus the routing
+    ops on the grouped paths (the cost model charges each a launch)."""
+    s = _shapes(spec)
+    if s["T"] is None:
+        return len(compile_units(spec, config, target))
+    path = _path(config, s["T"] * s["K"], s["E"])
+    return len(_kernels(s, config, path)) + (0 if path == "gemv" else ROUTE_OPS)
+
+
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     """The kernels the launch runs for the spec's token count (every path the config can take when
     T is symbolic: no kernel takes T as a constexpr, so the same units serve every T on a path)."""

@@ -205,6 +205,16 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
+def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
+    """One launch per projection (identical ones share a compile unit), plus the norm's row kernel
+    where the config runs it first."""
+    norm, _ = _parts(spec)
+    dtype = str(spec.types[norm.inputs[0]].dtype)
+    k = spec.types[norm.inputs[1]].shape[0]
+    tiles, _ = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    return len(_launches(spec)) + int(_p.norm_prologue(config, tiles))
+
+
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     from polymorph.kernel_files import CompileUnit
 

@@ -229,7 +229,12 @@ class CommandAgent(_External):
             stdout, stderr = proc.communicate(prompt, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            proc.communicate()
+            try:  # a process that left the group may still hold the pipes: do not wait on it for ever
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
             raise UserError(f"the agent command took more than {self.timeout_s:.0f} s") from None
         finally:
             with self._lock:

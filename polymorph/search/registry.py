@@ -401,9 +401,11 @@ class Registry:
     def _champion(self, c: Any, row: Any) -> Champion:
         source = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (row["sha256"],)).fetchone()
 
-        def stored(_name: str, sha: str) -> str | None:
+        def stored(_name: str, sha: str) -> str | None:  # a row whose text lost its hash is left out
             row = c.execute("SELECT text FROM registry_sources WHERE sha256 = ?", (sha,)).fetchone()
-            return None if row is None else row["text"]
+            if row is None or not isinstance(row["text"], str):
+                return None
+            return row["text"] if hashlib.sha256(row["text"].encode()).hexdigest() == sha else None
 
         texts = {sha: text for _, sha, text in pinned_closure(source["text"], stored)}
         return Champion(

@@ -174,6 +174,20 @@ def test_uncalibrated_prediction_says_so_and_uses_the_vendor_roofline(tmp_path: 
 @pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
 )
+def test_a_slice_is_a_view_only_where_the_runtime_binds_one(tmp_path: Path) -> None:
+    h200 = load_profile("h200", tmp_path)
+    decode = costmodel.predict(lower("llama-tiny", h200, batch=4, ctx=64), h200)
+    assert decode.row("last_token").bound == "view"  # [4, 1, D] of [4, 1, D]: the whole axis
+    m = load_model("llama-tiny")
+    prefill = registry.get("cuda").lower(m.graph, h200, bucket_bindings(m.graph, batch=4, ctx=64, seq=8))
+    assert costmodel.predict(prefill, h200).row("last_token").bound != "view"  # rows 8 apart: a copy
+    one = registry.get("cuda").lower(m.graph, h200, bucket_bindings(m.graph, batch=1, ctx=64, seq=8))
+    assert costmodel.predict(one, h200).row("last_token").bound == "view"  # one sequence: contiguous
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
+)
 def test_each_kernel_a_group_launches_pays_the_launch_overhead(tmp_path: Path) -> None:
     from polymorph.backends.gpu.backend import launch_counts
 

@@ -121,3 +121,27 @@ def test_an_agent_prompt_shows_the_shared_code_the_best_kernel_runs() -> None:
 
     prompt = build_prompt(Space(), {}, (LIBRARY / "triton" / "linear_residual.py", {}))
     assert "def gemv_tile(" in prompt and "shared module `triton/_projection.py`" in prompt
+
+
+def test_a_shared_module_with_crlf_line_ends_is_carried_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    library = tmp_path / "kernels"
+    (library / "triton").mkdir(parents=True)
+    shared = b"SCALE = 2\r\n"
+    (library / "triton" / "_crlf.py").write_bytes(shared)
+    sha = kernel_files.source_hash(shared)
+    kernel = library / "triton" / "k.py"
+    kernel.write_text(
+        f'from polymorph.kernel_files import depend\n_s = depend("triton/_crlf.py", "{sha}")\n'
+        "IMPLEMENTS = 'relu'\nCONFIGS = [{}]\n\n\ndef supports(spec):\n    return True\n\n\n"
+        "def build(spec, config, target):\n    return None\n"
+    )
+    monkeypatch.setattr(kernel_files, "kernels_root", lambda: library)
+    choice = SimpleNamespace(file="triton/k.py", sha256=kernel_files.source_hash(kernel.read_bytes()))
+    out = tmp_path / "out"
+    kernel_files.copy_kernel_sources(SimpleNamespace(groups=[SimpleNamespace(kernel=choice)]), out)
+    assert (out / "kernels" / f"{sha}.py").read_bytes() == shared
+    assert kernel_files.load_choice("triton/k.py", choice.sha256, out).module._s.SCALE == 2

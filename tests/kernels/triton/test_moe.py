@@ -245,6 +245,36 @@ def test_moe_configs_reach_every_path() -> None:
         assert reached == {"gemv", "small", "large"}, f"{target}: the interpreted cases reach only {reached}"
 
 
+def test_launches_count_the_routing_ops_on_the_grouped_paths() -> None:
+    """The cost model charges each kernel a call launches: on the grouped paths the routing's torch ops
+    are kernels too (ROUTE_OPS, checked here by counting them at the dispatcher)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    kf = kernel("moe_ffn", interpret=False)
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    for slots, experts, block_m in [(8, 8, 16), (64, 8, 64), (2, 128, 16)]:
+        ids = torch.randint(0, experts, (slots,), dtype=torch.int32)
+        Count.n = 0
+        with Count():
+            kf.module._route_tiles(ids, experts, block_m)
+        assert Count.n == kf.module.ROUTE_OPS, (
+            f"_route_tiles dispatches {Count.n} ops, ROUTE_OPS says {kf.module.ROUTE_OPS}"
+        )
+    config = kf.configs_for(CUDA)[0]
+    for tokens in (1, 3, 64):
+        spec = spec_of(moe_graph(tokens, 8, 2, 32, 48, DType.BF16), CUDA)
+        path = kf.module._path(config, tokens * 2, 8)
+        extra = 0 if path == "gemv" else kf.module.ROUTE_OPS
+        assert kf.launches(spec, config, CUDA) == len(kf.compile_units(spec, config, CUDA)) + extra
+
+
 # --- contract -----------------------------------------------------------------------------------------
 
 

@@ -465,6 +465,23 @@ def test_configs_reach_both_paths() -> None:
             assert consts["SPLIT_K"] == (c["split_k"] if 48 % c["split_k"] == 0 else 1)
 
 
+def test_launches_count_every_projection_of_a_shared_norm() -> None:
+    """Three projections of one width share a compile unit but launch three times (and the norm's row
+    kernel once more where a config runs it first): the cost model charges launches, not units."""
+    kf = kernel("rmsnorm_linear", interpret=False)
+    g = GraphBuilder("qkv_unfused")
+    h = g.op("rmsnorm", "norm", g.input("x", BF16, (1, 64)), g.param("w_norm", BF16, (64,)), eps=1e-5)
+    for i in range(3):
+        g.output(f"y{i}", g.op("linear", f"proj{i}", h, g.param(f"w{i}", BF16, (96, 64))))
+    spec = group_spec(g.build(), "rmsnorm+linear", CUDA)[0]
+    config = kf.configs_for(CUDA)[0]
+    assert len(kf.compile_units(spec, config, CUDA)) == 1
+    assert kf.launches(spec, config, CUDA) == 3
+    prologue = next(c for c in kf.configs_for(CUDA) if c.get("norm_prologue"))
+    wide = group_spec(rmsnorm_linear_graph(BF16, 32, 96, 64, False, 1, False), "rmsnorm+linear", CUDA)[0]
+    assert kf.launches(wide, prologue, CUDA) == 2  # at 32 rows: the row kernel, then the projection
+
+
 def test_compile_units_follow_the_path() -> None:
     """Concrete M picks the path; the units' constexprs are the tiles build launches."""
     lin = kernel("linear", interpret=False)
