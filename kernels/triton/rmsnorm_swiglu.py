@@ -56,6 +56,11 @@ _CUDA_CONFIGS = [
     # weights with no per-tile norm work (at M = 32 the folded norm ran at 28% of copy bandwidth).
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    # Not measured yet: that, with 64-wide tiles at 2 < M <= 64 (32 gate and 32 up rows), so that each
+    # program's re-read of the activations serves twice the weight rows (256 programs at F = 8192).
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "skinny_block_n": 64, "skinny_block_k": 64, "skinny_warps": 4, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS
