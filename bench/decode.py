@@ -340,8 +340,12 @@ def print_table(results: dict) -> None:
                     f"  {k['group'][:52]:<54}{k['s'] * 1e6:8.1f} us {k['gb_s']:8.0f} GB/s {k['copy_fraction']:6.0%}"
                     f" +-{k['spread']:.0%}"
                 )
-                for c in k.get("sweep", []):
-                    print(f"      {c['s'] * 1e6:8.1f} us  {c['config']}")
+                sweep = k.get("sweep", [])
+                for i, c in enumerate(sweep):
+                    print(f"      #{i} {c['s'] * 1e6:8.1f} us  {c['config']}")
+                if len(sweep) > 1:  # config #0 is the file's default
+                    best = min(range(len(sweep)), key=lambda i: sweep[i]["s"])
+                    print(f"      best #{best}: {sweep[0]['s'] / sweep[best]['s']:.2f}x the default")
             continue
         if r["system"] == "prefill-kernels":
             total = sum(k["s"] for k in r["kernels"])
