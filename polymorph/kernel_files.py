@@ -295,7 +295,11 @@ def copy_kernel_sources(plan: Any, out_dir: Path) -> list[str]:
     kernel_dir = out_dir / "kernels"
     kernel_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    done: set[str] = set()
     for group in plan.groups:
+        if group.kernel.sha256 in done:  # the layers' groups share their kernel files
+            continue
+        done.add(group.kernel.sha256)
         src = Path(group.kernel.file)
         origin = src if src.is_absolute() else kernels_root() / src
         dest = kernel_dir / f"{group.kernel.sha256}.py"

@@ -8,15 +8,16 @@ naming the op and the backends that have one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, ClassVar
 
+from polymorph.backend import Backend, check_profile
 from polymorph.errors import UserError
 from polymorph.hw import Profile
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.spec import verify
 from polymorph.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
-from polymorph.passes import NodeGroup, Pattern, fuse, specialize
+from polymorph.passes import NodeGroup, Pattern, fuse, select_patterns, specialize
 from polymorph.plan import KernelChoice, Plan, PlanGroup
 from polymorph.target import Target
 
@@ -126,3 +127,34 @@ def lower_onto_library(
         chosen,
         model=model or graph.name,
     )
+
+
+class KernelLibraryBackend(Backend):
+    """A backend whose plans are its kernel family's files (cpu, cuda and rocm, neuron): `lower` fuses
+    by the backend's patterns and picks a kernel file for each group (lower_onto_library)."""
+
+    patterns: ClassVar[tuple[str, ...]] = ()  # fusion patterns, by name (polymorph.passes)
+    library_calls: ClassVar[Mapping[str, str]] = {}  # kernel file name -> the library it calls
+
+    def fusion_patterns(self, bindings: Mapping[str, int] | None) -> Sequence[str]:
+        """The fusion patterns a plan at `bindings` uses (default: all of `patterns`)."""
+        return self.patterns
+
+    def lower(
+        self,
+        graph: Graph,
+        profile: Profile,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        unfused: Collection[str] = (),
+    ) -> Plan:
+        check_profile(self, profile)
+        return lower_onto_library(
+            self.name,
+            self.family,
+            graph,
+            profile,
+            select_patterns(p for p in self.fusion_patterns(bindings) if p not in unfused),
+            library_call=self.library_calls,
+            bindings=bindings,
+        )

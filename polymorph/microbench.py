@@ -54,6 +54,18 @@ class CurveMeasurement:
     values: tuple[float, ...]
     spreads: tuple[float, ...]
 
+    @classmethod
+    def bandwidth(
+        cls, name: str, method: str, sizes: Sequence[int], timings: Sequence[Timing], overhead_s: float,
+        passes: int = 1,
+    ) -> CurveMeasurement:  # fmt: skip
+        """A GB/s curve from one timing per buffer size: `passes` x size bytes moved per call (2 for a
+        copy, reads plus writes), net of the per-call overhead."""
+        rates = tuple(
+            passes * n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)
+        )
+        return cls(name, "GB/s", method, tuple(sizes), rates, tuple(t.spread for t in timings))
+
     def summary(self) -> Measurement:
         best = max(range(len(self.values)), key=lambda i: self.values[i])
         return Measurement(

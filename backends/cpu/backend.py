@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
-from polymorph.hw import Profile
-from polymorph.ir.graph import Graph
+from polymorph.backend import Artifact, Capability, Feature, Probe
 from polymorph.kernel_files import copy_kernel_sources
-from polymorph.lowering import lower_onto_library
-from polymorph.passes import select_patterns
+from polymorph.lowering import KernelLibraryBackend
 from polymorph.plan import Plan
 from polymorph.predict import plan_report
 
@@ -20,11 +17,15 @@ from polymorph.predict import plan_report
 CPU_PATTERNS = ("linear+silu*mul", "linear+residual")
 
 
-class CpuBackend(Backend):
+class CpuBackend(KernelLibraryBackend):
     name: ClassVar[str] = "cpu"
     family: ClassVar[str] = "torch"
     targets: ClassVar[tuple[str, ...]] = ("cpu",)
     features: ClassVar[frozenset[Feature]] = frozenset({Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD})
+    patterns: ClassVar[tuple[str, ...]] = CPU_PATTERNS
+    library_calls: ClassVar[Mapping[str, str]] = dict.fromkeys(
+        ("linear", "attention", "moe", "swiglu", "linear_residual"), "torch"
+    )
 
     def probe(self) -> Probe:
         # find_spec, not import: probing must stay cheap and side-effect free.
@@ -33,26 +34,6 @@ class CpuBackend(Backend):
             return Probe(self.name, missing, missing, missing)
         ok = Capability(True, "torch on the host CPU")
         return Probe(self.name, ok, ok, Capability(True, "host wall clock (perf_counter_ns)"))
-
-    def lower(
-        self,
-        graph: Graph,
-        profile: Profile,
-        bindings: Mapping[str, int] | None = None,
-        *,
-        unfused: Collection[str] = (),
-    ) -> Plan:
-        check_profile(self, profile)
-        library_call = {name: "torch" for name in ("linear", "attention", "moe", "swiglu", "linear_residual")}
-        return lower_onto_library(
-            self.name,
-            self.family,
-            graph,
-            profile,
-            select_patterns(p for p in CPU_PATTERNS if p not in unfused),
-            library_call=library_call,
-            bindings=bindings,
-        )
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
         """The cpu 'device code' is the kernel sources themselves: each one is built once here (so a

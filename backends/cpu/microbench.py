@@ -139,13 +139,12 @@ def read_bandwidth(sizes: Sequence[int], overhead_s: float, trials: int) -> Curv
     for nbytes in sizes:
         x = torch.full((nbytes // 4,), 1.0)
         timings.append(time_call(lambda x=x: torch.sum(x), trials))
-    return CurveMeasurement(
+    return CurveMeasurement.bandwidth(
         "read_bandwidth",
-        "GB/s",
         f"torch.sum over a f32 buffer, bytes read / (median of {trials} - call overhead), {_threads()}",
-        tuple(sizes),
-        tuple(n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
-        tuple(t.spread for t in timings),
+        sizes,
+        timings,
+        overhead_s,
     )
 
 
@@ -155,14 +154,14 @@ def copy_bandwidth(sizes: Sequence[int], overhead_s: float, trials: int) -> Curv
         src = torch.full((nbytes // 4,), 1.0)
         dst = torch.empty_like(src)
         timings.append(time_call(lambda s=src, d=dst: d.copy_(s), trials))
-    return CurveMeasurement(
+    return CurveMeasurement.bandwidth(
         "copy_bandwidth",
-        "GB/s",
         f"torch copy_ of a f32 buffer of the size, reads plus writes / (median of {trials} - call "
         f"overhead), {_threads()}",
-        tuple(sizes),
-        tuple(2 * n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
-        tuple(t.spread for t in timings),
+        sizes,
+        timings,
+        overhead_s,
+        passes=2,
     )
 
 

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
+from polymorph.backend import Artifact, Capability, Feature, Probe
 from polymorph.backends import device_probe
 from polymorph.errors import UserError
-from polymorph.hw import Profile
-from polymorph.ir.graph import Graph
 from polymorph.kernel_files import KernelFile, copy_kernel_sources, load_choice
-from polymorph.lowering import kernel_spec, lower_onto_library
-from polymorph.passes import select_patterns, specialize
+from polymorph.lowering import KernelLibraryBackend, kernel_spec
+from polymorph.passes import specialize
 from polymorph.plan import Plan
 from polymorph.predict import plan_report
 from polymorph.target import Target
@@ -74,33 +72,18 @@ def triton_probe(name: str, facts: DeviceFacts) -> Probe:
     return Probe(name, compile_cap, run, measure, details)
 
 
-class TritonBackend(Backend):
+class TritonBackend(KernelLibraryBackend):
     family: ClassVar[str] = "triton"
     features: ClassVar[frozenset[Feature]] = frozenset(
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.GRAPH_CAPTURE, Feature.AOT_COMPILE}
     )
+    patterns: ClassVar[tuple[str, ...]] = GPU_PATTERNS
+    library_calls: ClassVar[Mapping[str, str]] = LIBRARY_CALLS
 
-    def lower(
-        self,
-        graph: Graph,
-        profile: Profile,
-        bindings: Mapping[str, int] | None = None,
-        *,
-        unfused: Collection[str] = (),
-    ) -> Plan:
-        check_profile(self, profile)
-        patterns = tuple(p for p in GPU_PATTERNS if p not in unfused)
+    def fusion_patterns(self, bindings: Mapping[str, int] | None) -> tuple[str, ...]:
         if bindings and bindings.get("batch", 1) * bindings.get("seq", 1) > FUSED_NORM_MAX_ROWS:
-            patterns = tuple(p for p in patterns if not p.startswith("rmsnorm+"))
-        return lower_onto_library(
-            self.name,
-            self.family,
-            graph,
-            profile,
-            select_patterns(patterns),
-            library_call=LIBRARY_CALLS,
-            bindings=bindings,
-        )
+            return tuple(p for p in self.patterns if not p.startswith("rmsnorm+"))
+        return self.patterns
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
         """Compile every kernel of the plan for its target at the plan's bucket, without the device.

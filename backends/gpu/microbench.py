@@ -154,14 +154,13 @@ def read_bandwidth(
         views = pool.view(copies, nbytes // 2)  # [copies, elements]: one buffer per row
         timings.append(_graph_timing(lambda i, v=views: torch.sum(v[i]), copies, reps, trials))
         del pool, views
-    return CurveMeasurement(
+    return CurveMeasurement.bandwidth(
         "read_bandwidth",
-        "GB/s",
         f"torch.sum over a bf16 buffer cold in cache, bytes read / (median of {trials} - launch "
         f"overhead), {_graph_kind()} replay",
-        tuple(sizes),
-        tuple(n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
-        tuple(t.spread for t in timings),
+        sizes,
+        timings,
+        overhead_s,
     )
 
 
@@ -175,14 +174,14 @@ def copy_bandwidth(
         dst = torch.empty_like(src)
         timings.append(_graph_timing(lambda i, s=src, d=dst: d[i].copy_(s[i]), copies, reps, trials))
         del src, dst
-    return CurveMeasurement(
+    return CurveMeasurement.bandwidth(
         "copy_bandwidth",
-        "GB/s",
         f"torch copy_ of a bf16 buffer of the size cold in cache, reads plus writes / (median of "
         f"{trials} - launch overhead), {_graph_kind()} replay",
-        tuple(sizes),
-        tuple(2 * n / net_seconds(t, overhead_s) / 1e9 for n, t in zip(sizes, timings, strict=True)),
-        tuple(t.spread for t in timings),
+        sizes,
+        timings,
+        overhead_s,
+        passes=2,
     )
 
 

@@ -30,21 +30,19 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import shutil
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Backend, Capability, Feature, Probe, check_profile
+from polymorph.backend import Artifact, Capability, Feature, Probe
 from polymorph.backends import device_probe
 from polymorph.backends.neuron import neuronxcc
 from polymorph.errors import MissingDependency, UserError
-from polymorph.hw import Profile, load_profile
+from polymorph.hw import load_profile
 from polymorph.ir.graph import Graph
 from polymorph.ir.ops import normalize_attrs, op_def
 from polymorph.ir.shapes import numel
-from polymorph.lowering import lower_onto_library
-from polymorph.passes import select_patterns
+from polymorph.lowering import KernelLibraryBackend
 from polymorph.plan import Plan, PlanGroup, Report
 from polymorph.predict import plan_report
 
@@ -59,13 +57,14 @@ JAX_NEURONX_INSTALL = (
 MANIFEST_VERSION = 1
 
 
-class NeuronBackend(Backend):
+class NeuronBackend(KernelLibraryBackend):
     name: ClassVar[str] = "neuron"
     family: ClassVar[str] = "xla"
     targets: ClassVar[tuple[str, ...]] = ("trn2",)
     features: ClassVar[frozenset[Feature]] = frozenset(
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.AOT_COMPILE}
     )
+    patterns: ClassVar[tuple[str, ...]] = NEURON_PATTERNS
 
     def probe(self) -> Probe:
         has_jax = device_probe.has_module("jax")
@@ -100,24 +99,6 @@ class NeuronBackend(Backend):
             )
         run = Capability(True, "JAX on XLA's CPU backend: numerics only, not Trainium")
         return Probe(self.name, compile_ok, run, Capability(False, "needs " + "; ".join(missing)), details)
-
-    def lower(
-        self,
-        graph: Graph,
-        profile: Profile,
-        bindings: Mapping[str, int] | None = None,
-        *,
-        unfused: Collection[str] = (),
-    ) -> Plan:
-        check_profile(self, profile)
-        return lower_onto_library(
-            self.name,
-            self.family,
-            graph,
-            profile,
-            select_patterns(p for p in NEURON_PATTERNS if p not in unfused),
-            bindings=bindings,
-        )
 
     def compile(self, plan: Plan, out_dir: Path | None = None) -> Artifact:
         """Lower the plan's step at its bucket to StableHLO and HLO, check it, and (with `out_dir`)

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from polymorph.backends.cpu.microbench import write_calibration
 from polymorph.engine import gates
 from polymorph.engine.controller import Controller
 from polymorph.engine.worker import Worker
 from polymorph.hw import load_profile
 from polymorph.kernel_files import kernels_root
+from polymorph.microbench import Measurement
 from polymorph.models import load_model
 from polymorph.reference import run as reference_run
 
@@ -110,31 +112,8 @@ def write(tmp_path: Path, name: str, source: str) -> Path:
 
 def calibration(tmp_path: Path, bandwidth_gbs: float, f32_tflops: float) -> Path:
     folder = tmp_path / "measured"
-    folder.mkdir()
-    (folder / "cpu.toml").write_text(
-        f"""schema_version = 1
-profile = "cpu"
-
-[provenance]
-date = 2026-11-30
-device = "test host"
-driver = "test"
-commit = "test"
-
-[provenance.toolchain]
-python = "3.11"
-
-[figures.memory_bandwidth]
-value = {bandwidth_gbs}
-unit = "GB/s"
-method = "set by the test"
-
-[peak.f32]
-value = {f32_tflops}
-unit = "TFLOP/s"
-method = "set by the test"
-"""
-    )
+    write_calibration(folder, [Measurement("figures.memory_bandwidth", bandwidth_gbs, "GB/s", "set by the test"),
+                               Measurement("peak.f32", f32_tflops, "TFLOP/s", "set by the test")])  # fmt: skip
     return folder
 
 

@@ -4,6 +4,7 @@ calibration file written below or from the vendor profile."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 
 from polymorph import costmodel
 from polymorph.backend import registry
+from polymorph.backends.cpu.microbench import write_calibration
 from polymorph.errors import UserError
 from polymorph.hw import Profile, load_profile
+from polymorph.microbench import CurveMeasurement, Measurement, SuiteResult
 from polymorph.models import load_model
 from polymorph.passes import bucket_bindings
 from polymorph.plan import Plan
@@ -21,56 +24,41 @@ from polymorph.plan import Plan
 GB = 1e9
 MIB = 1 << 20
 
-# A cpu calibration with round numbers: 20 GB/s sustained, reads at 40 GB/s in 1 MiB falling to 20 GB/s
-# at 16 MiB; f32 peak 0.1 TFLOP/s; matmul curves for M = 1 and M = 16; 2 us per call.
-CALIBRATION = """
-schema_version = 1
-profile = "cpu"
 
-[provenance]
-date = 2026-11-20
-device = "test cpu"
-driver = "6.0"
-commit = "abc1234"
+# A cpu calibration with round numbers, written by the cpu suite's own writer: 20 GB/s sustained, reads
+# at 40 GB/s in 1 MiB falling to 20 GB/s at 16 MiB; f32 peak 0.1 TFLOP/s; matmul curves for M = 1 and
+# M = 16; 2 us per call.
+def fixed(name: str, value: float, unit: str) -> Measurement:
+    return Measurement(name, value, unit, "fixed test number")
 
-[provenance.toolchain]
-python = "3.11.7"
 
-[figures.memory_bandwidth]
-value = 20
-unit = "GB/s"
-method = "fixed test number"
+SUITE = SuiteResult(
+    [fixed("figures.memory_bandwidth", 20, "GB/s"), fixed("peak.f32", 0.1, "TFLOP/s")],
+    fixed("launch_overhead", 2, "us"),
+    [
+        CurveMeasurement(
+            "read_bandwidth", "GB/s", "fixed test numbers", (MIB, 16 * MIB), (40, 20), (0.0, 0.0)
+        ),
+        CurveMeasurement(
+            "matmul.f32",
+            "TFLOP/s",
+            "fixed test numbers",
+            ((1, 256, 256), (1, 4096, 4096), (16, 256, 256), (16, 4096, 4096)),
+            (0.01, 0.05, 0.02, 0.08),
+            (0.1,) * 4,
+        ),
+    ],
+)
 
-[peak.f32]
-value = 0.1
-unit = "TFLOP/s"
-method = "fixed test number"
 
-[launch_overhead]
-value = 2
-unit = "us"
-method = "fixed test number"
-
-[curves.read_bandwidth]
-unit = "GB/s"
-method = "fixed test numbers"
-bytes = [1048576, 16777216]
-values = [40, 20]
-
-[curves.matmul.f32]
-unit = "TFLOP/s"
-method = "fixed test numbers"
-shapes = [[1, 256, 256], [1, 4096, 4096], [16, 256, 256], [16, 4096, 4096]]
-values = [0.01, 0.05, 0.02, 0.08]
-spreads = [0.1, 0.1, 0.1, 0.1]
-"""
+def calibrated(folder: Path, suite: SuiteResult = SUITE) -> Profile:
+    write_calibration(folder, suite)
+    return load_profile("cpu", folder)
 
 
 @pytest.fixture(scope="module")
 def cpu_profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
-    folder = tmp_path_factory.mktemp("calibration")
-    (folder / "cpu.toml").write_text(CALIBRATION)
-    return load_profile("cpu", folder)
+    return calibrated(tmp_path_factory.mktemp("calibration"))
 
 
 def lower(model: str, profile: Profile, batch: int = 1, ctx: int = 64) -> Plan:
@@ -129,10 +117,7 @@ def test_every_group_has_one_row_whose_time_follows_the_formula(
 def test_each_host_op_beyond_a_kernels_first_costs_the_calibrated_op_overhead(
     tiny_plan: Plan, tmp_path: Path
 ) -> None:
-    (tmp_path / "cpu.toml").write_text(
-        CALIBRATION + '\n[op_overhead]\nvalue = 3\nunit = "us"\nmethod = "fixed"\n'
-    )
-    profile = load_profile("cpu", tmp_path)
+    profile = calibrated(tmp_path, dataclasses.replace(SUITE, op_overhead=fixed("op_overhead", 3, "us")))
     norm = "layers.0.attn.norm"
     plain = costmodel.predict(tiny_plan, profile)
     counted = costmodel.predict(tiny_plan, profile, host_ops={norm: 9, "lm_head": 1})
@@ -142,16 +127,10 @@ def test_each_host_op_beyond_a_kernels_first_costs_the_calibrated_op_overhead(
     assert counted.step_s == pytest.approx(plain.step_s + 24e-6)
     assert "3 us per host op" in counted.basis
     # Without the calibrated figure a count changes nothing.
-    cpu_profile = load_profile("cpu", _folder_with(tmp_path / "plain", CALIBRATION))
+    cpu_profile = calibrated(tmp_path / "plain")
     assert costmodel.predict(tiny_plan, cpu_profile, host_ops={norm: 9}).step_s == pytest.approx(
         costmodel.predict(tiny_plan, cpu_profile).step_s
     )
-
-
-def _folder_with(folder: Path, text: str) -> Path:
-    folder.mkdir()
-    (folder / "cpu.toml").write_text(text)
-    return folder
 
 
 @pytest.mark.skipif(

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from polymorph import parallel
+from polymorph.backends.cpu.microbench import write_calibration
 from polymorph.errors import UserError
+from polymorph.microbench import Measurement
 from polymorph.models.zoo import zoo_config
 
 # Lowering for cuda loads the Triton kernel files, so those tests need triton (the `cuda` extra).
@@ -20,25 +22,11 @@ needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="lowering for cuda imports triton, not installed"
 )
 
-CPU_CALIBRATION = """
-schema_version = 1
-profile = "cpu"
-[provenance]
-date = 2026-11-20
-device = "test cpu"
-driver = "6.0"
-commit = "abc1234"
-[provenance.toolchain]
-python = "3.11.7"
-[figures.memory_bandwidth]
-value = 20
-unit = "GB/s"
-method = "fixed test number"
-[peak.f32]
-value = 0.1
-unit = "TFLOP/s"
-method = "fixed test number"
-"""
+# Bandwidth and an f32 peak, no interconnect figure (the cpu suite's own writer).
+CPU_FIGURES = [
+    Measurement("figures.memory_bandwidth", 20, "GB/s", "fixed test number"),
+    Measurement("peak.f32", 0.1, "TFLOP/s", "fixed test number"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +146,7 @@ def test_a_latency_target_filters_and_a_missed_target_is_explained(empty: Path) 
 
 
 def test_without_an_interconnect_figure_the_all_reduce_is_unknown(tmp_path: Path) -> None:
-    (tmp_path / "cpu.toml").write_text(CPU_CALIBRATION)
+    write_calibration(tmp_path, CPU_FIGURES)
     plan = parallel.plan_parallel("llama-tiny", 2, backend="cpu", calibration_dir=tmp_path)
     tp2 = next(o for o in plan.options if o.tp == 2)
     assert tp2.allreduce_s is None and any("all-reduce time unknown" in r for r in tp2.reasons)
