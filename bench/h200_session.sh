@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
 # The device runs the open issues wait for, in priority order, for one H200 session (30 minutes of
-# device time, 10 per command): run one STEP per call, e.g.
-#     bash bench/h200_session.sh tests     # then: microbench, engine, decode-b8, prefill, moe, tune
-# Each step installs polymorph (non-editable: see README, 'On the GPU machine'), writes its results
-# and log under $OUT, and stays under the 10-minute limit.
+# device time, 10 per command): run several STEPs per call, e.g.
+#     bash bench/h200_session.sh smoke engine decode-b8      # then: tune microbench, prefill moe ...
+# polymorph is installed once per call (non-editable: see README, 'On the GPU machine'); each step
+# writes its results and log under $OUT. All steps share one deadline (DEADLINE seconds, default 580,
+# under the 10-minute limit per command): a step's own limit is cut to what is left. A failed `smoke`
+# (the tiny models against the reference) ends the call at once, so no device time goes on a broken
+# build.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEP=${1:?usage: bench/h200_session.sh tests|microbench|engine|decode-b8|prefill|moe|tune|tp}
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || { echo "usage: bench/h200_session.sh STEP... (smoke tests microbench engine decode-b8 prefill moe tune tp)" >&2; exit 2; }
+DEADLINE=${DEADLINE:-580}
 python -m pip install --quiet --no-deps --no-build-isolation . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ROOT=$PWD
-run() {  # name, limit in seconds, command...
-  local name=$1 limit=$2
+run() {  # name, limit in seconds, command...; returns the command's exit status
+  local name=$1 limit=$2 left=$((DEADLINE - SECONDS - 5)) rc
   shift 2
-  echo "== $name (limit ${limit}s): $*"
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then echo "== $name: skipped, ${left}s left of the call's deadline"; return 124; fi
+  echo "== $name (limit ${limit}s, at ${SECONDS}s): $*"
   (cd /tmp && timeout "$limit" "$@") >"$OUT/$name.log" 2>&1
-  echo "   exit $? ; tail:"
+  rc=$?
+  echo "   exit $rc at ${SECONDS}s; tail:"
   tail -25 "$OUT/$name.log"
+  return $rc
 }
-case "$STEP" in
+step() {
+case "$1" in
+  smoke)  # the tiny models and two full-shape Llama layers against the reference; fail fast
+    run smoke 180 python -m pytest "$ROOT/tests/backends/cuda/test_cuda_models.py" -m cuda -q \
+      -p no:cacheprovider -x --durations=5 || { echo "smoke failed: stopping this call"; exit 1; } ;;
   tests)  # every device test: kernels at full shapes, whole models, the GPU microbench smoke test
     run tests-cuda 560 python -m pytest "$ROOT/tests" -m cuda -q -p no:cacheprovider -x ;;
   microbench)  # issue 7: calibrate, then predicted against measured per kernel and per step
@@ -26,7 +39,7 @@ case "$STEP" in
     run costmodel 300 python "$ROOT/bench/costmodel_check.py" --calibration "$OUT/calib" --batch 1 32 \
       --out "$OUT/costmodel.json" ;;
   engine)  # issue 5: cold start against hot swap of one Triton kernel, every gate included
-    run engine-swap 560 python "$ROOT/bench/engine_swap.py" --model llama-3.2-1b --backend cuda \
+    run engine-swap 240 python "$ROOT/bench/engine_swap.py" --model llama-3.2-1b --backend cuda \
       --target h200 --dtype bf16 --ctx 1024 --group layers.0.mlp.down+residual \
       --kernel triton/linear_residual.py --candidates 8 --out "$OUT/engine-swap.json" ;;
   decode-b8)  # issue 3: the points that were slower than torch.compile, with every config of layer 0
@@ -39,10 +52,12 @@ case "$STEP" in
     run moe 560 python "$ROOT/bench/decode.py" --model mixtral-8x7b --layers 4 --batch 1 32 --ctx 1024 \
       --peers eager reduce-overhead --out "$OUT/moe.json" ;;
   tune)  # issue 6: the 6-minute tune of Llama-3.2-1B at batch 1 (engine start and A/B included)
-    run tune 590 python -m polymorph.cli tune llama-3.2-1b --backend cuda --target h200 --batch 1 --ctx 1024 \
+    run tune 420 python -m polymorph.cli tune llama-3.2-1b --backend cuda --target h200 --batch 1 --ctx 1024 \
       --budget 6m --workers 1 --out /tmp/tuned --registry /tmp/tuned-registry.sqlite
     cp /tmp/tuned/tune-report.json "$OUT/" ;;  # $OUT brings back 8 files at most
   tp)  # issue 7, on the device kind nvidia-h200-x2: TP=2 against one GPU, measured and predicted
     run tp 560 python "$ROOT/bench/tp_check.py" --batch 1 --ctx 1024 --out "$OUT/tp.json" ;;
-  *) echo "unknown step $STEP" >&2; exit 2 ;;
+  *) echo "unknown step $1" >&2; exit 2 ;;
 esac
+}
+for s in "${STEPS[@]}"; do step "$s"; done
