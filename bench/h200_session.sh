@@ -54,10 +54,14 @@ case "$1" in
   tune)  # issue 6: the 6-minute tune of Llama-3.2-1B at batch 1 (engine start and A/B included)
     run tune 420 python -m polymorph.cli tune llama-3.2-1b --backend cuda --target h200 --batch 1 --ctx 1024 \
       --budget 6m --workers 1 --out /tmp/tuned --registry /tmp/tuned-registry.sqlite
-    cp /tmp/tuned/tune-report.json "$OUT/" ;;  # $OUT brings back 8 files at most
+    cp /tmp/tuned/tune-report.json "$OUT/" ;;
   tp)  # issue 7, on the device kind nvidia-h200-x2: TP=2 against one GPU, measured and predicted
     run tp 560 python "$ROOT/bench/tp_check.py" --batch 1 --ctx 1024 --out "$OUT/tp.json" ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
 }
+pack() {  # $OUT brings back 8 files at most: everything goes back as one archive
+  tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+}
+trap pack EXIT
 for s in "${STEPS[@]}"; do step "$s"; done
