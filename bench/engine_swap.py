@@ -100,9 +100,17 @@ def main() -> int:
                 swap, report = engine.try_candidate(args.group, path, None)
                 took = time.perf_counter() - t0
                 ok = swap.ok and report is not None and report.ok
-                print(f"  hot swap {i}: {took:.2f} s, gates {'passed' if ok else 'FAILED'}", flush=True)
-                swaps.append({"s": took, "ok": ok, "build_s": swap.build_s,
-                              "gates": {g.name: g.verdict for g in (report.gates if report else [])}})  # fmt: skip
+                stages = {"swap": swap.round_trip_s, **(report.seconds if report else {})}
+                where = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+                print(
+                    f"  hot swap {i}: {took:.2f} s ({where}), gates {'passed' if ok else 'FAILED'}",
+                    flush=True,
+                )
+                failed = [g for g in (report.gates if report else []) if g.verdict == "fail"]
+                for g in failed:
+                    print(f"    {g.name}: {g.cause}", flush=True)
+                swaps.append({"s": took, "ok": ok, "build_s": swap.build_s, "stages_s": stages,
+                              "gates": {g.name: [g.verdict, g.cause] for g in (report.gates if report else [])}})  # fmt: skip
                 engine.restore(args.group)
         finally:
             engine.close()

@@ -314,21 +314,33 @@ def bind_leaf_shapes(graph: Graph, leaves: Mapping[str, tuple[DType, tuple[int, 
     return bindings
 
 
+# Ops whose reference computes in float32 whatever its operands' dtype: they may take a weight's
+# float32 copy (`run(..., wide=)`) and give the same result without converting it on every call.
+WIDE_OPS = frozenset({"linear", "matmul", "moe_ffn"})
+
+
 def run(
     graph: Graph,
     params: Mapping[str, Array],
     inputs: Mapping[str, Array],
     state: dict[str, Array],
     trace: dict[str, Array] | None = None,
+    wide: Mapping[str, Array] | None = None,
 ) -> dict[str, Array]:
     """Run `graph` once; return its outputs by name. `state` arrays are written in place.
-    With `trace`, every value of the step (intermediates included) is stored in it by name."""
+    With `trace`, every value of the step (intermediates included) is stored in it by name. `wide`:
+    float32 copies of some params, which the ops of WIDE_OPS read in their place (exactly the values
+    they would convert to: bf16 and f16 widen to f32 exactly)."""
     env: dict[str, Array] = {**params, **inputs, **state}
     bindings = bind_symbols(graph, env)
     types = graph.types()
+    wide = wide or {}
     for node in graph.nodes:
         attrs = normalize_attrs(OPS[node.op], node.attrs)
-        args = [env[v] for v in node.inputs]
+        if node.op in WIDE_OPS and wide:
+            args = [wide[v] if v in wide else env[v] for v in node.inputs]
+        else:
+            args = [env[v] for v in node.inputs]
         if node.op == "reshape":
             outs = _reshape(args, attrs, tuple(int(d) for d in bind(attrs["shape"], bindings)))
         else:

@@ -18,16 +18,29 @@ from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
 from polymorph.kvcache import PagedKVCache
 
+# float32 copies of low-precision weights the reference keeps, so a projection does not convert its
+# weight on every call (the conversion was 73% of a Llama-3.2-1B bf16 step); beyond this many bytes
+# the rest convert per call as before.
+WIDE_BUDGET_BYTES = 8 << 30
+
 
 class ReferenceExecutable(Executable):
     """The stock engine: the numpy reference interpreter behind the Executable interface."""
 
-    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], *, keep_values: bool = False) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        weights: Mapping[str, np.ndarray],
+        *,
+        keep_values: bool = False,
+        wide_budget: int = WIDE_BUDGET_BYTES,
+    ) -> None:
         self.graph = graph
         self.weights = dict(weights)
         self.state: dict[str, np.ndarray] = {}
         self.keep_values = keep_values  # keep every value of the last step (for checks that look inside)
         self.last_values: dict[str, np.ndarray] = {}
+        self.wide = _widen(graph, self.weights, wide_budget)
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.state = {
@@ -37,7 +50,7 @@ class ReferenceExecutable(Executable):
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         trace: dict[str, np.ndarray] | None = {} if self.keep_values else None
-        out = reference.run(self.graph, self.weights, inputs, self.state, trace)
+        out = reference.run(self.graph, self.weights, inputs, self.state, trace, self.wide)
         self.last_values = trace or {}
         return out
 
@@ -46,6 +59,21 @@ class ReferenceExecutable(Executable):
 
     def weight(self, name: str) -> np.ndarray:
         return self.weights[name]
+
+
+def _widen(graph: Graph, weights: Mapping[str, np.ndarray], budget: int) -> dict[str, np.ndarray]:
+    """float32 copies of the low-precision weights that reference.WIDE_OPS read, largest first,
+    within `budget` bytes."""
+    read = {v for n in graph.nodes if n.op in reference.WIDE_OPS for v in n.inputs}
+    names = [
+        n for n in read if n in weights and weights[n].dtype.itemsize < 4 and weights[n].dtype.kind in "fV"
+    ]
+    wide: dict[str, np.ndarray] = {}
+    for name in sorted(names, key=lambda n: -weights[n].size):
+        if weights[name].size * 4 <= budget:
+            wide[name] = np.asarray(weights[name], dtype=np.float32)
+            budget -= weights[name].size * 4
+    return wide
 
 
 def block_size_of(graph: Graph) -> int:

@@ -34,6 +34,12 @@ _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called 
 # Measured on an H200 (M=1 bf16): o_proj (2048 x 2048) 4.6-4.8 us with 2 rows x 2048 of K, 4 warps;
 # down_proj (2048 x 8192) 12.2 us with that and 11.8 us (2.85 TB/s) with 4 rows x 1024.
 _CUDA_CONFIGS = [
+    # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): 16-wide tiles at
+    # 2 < M <= 64, so o_proj and down_proj (N = 2048) launch 128 programs for 132 SMs. At M = 32 o_proj
+    # 7.8 -> 7.0 us, down_proj 23.3 -> 20.6 us; at M = 8 they lose 0.3 and 0.8 us. GEMV (M <= 2) the same.
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
+     "skinny_block_n": 16, "skinny_block_k": 256, "skinny_warps": 4, "skinny_stages": 3,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 4, "gemv_block_k": 1024, "gemv_warps": 4,
@@ -42,11 +48,6 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
-    # Not measured yet: 16-wide tiles at 2 < M <= 64. With 32-wide ones o_proj and down_proj (N = 2048)
-    # launch 64 programs for 132 SMs; down_proj ran at 33% of copy bandwidth at M = 32.
-    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
-     "skinny_block_n": 16, "skinny_block_k": 256, "skinny_warps": 4, "skinny_stages": 3,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS

@@ -43,6 +43,12 @@ _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called 
 # read 3.97 TB/s, 93% of the copy bandwidth and on par with cuBLAS's GEMV (4.00); 2 rows read 3.14. Each
 # program re-reads x and w_norm (4 KB each at K=2048) from L2, so more rows a program amortize them.
 _CUDA_CONFIGS = [
+    # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
+    # on the tl.dot path (M > 2), 128-wide N tiles at M <= 64. final_norm + lm_head 386 -> 134 us at
+    # M = 8 and 430 -> 141 us at M = 32 against the folded norm below; the GEMV (M <= 2) is the same.
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "skinny_block_n": 128, "skinny_block_k": 64, "skinny_warps": 8, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4,
@@ -51,12 +57,6 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
-    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2), with 128-wide N tiles at
-    # M <= 64 (lm_head's 128256 rows: each tile re-reads x, so fewer and wider tiles). At M = 32 the
-    # folded norm took lm_head to 430 us, 30% of copy bandwidth.
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
-     "skinny_block_n": 128, "skinny_block_k": 64, "skinny_warps": 8, "skinny_stages": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS

@@ -45,6 +45,11 @@ IMPLEMENTS = "rmsnorm+qkv+rope+kv_write"
 # with 4 warps, 6.75 us; 2 rows x 2048 7.0 us; 8 rows 7.1 us. At this size a launch's fixed cost (about
 # 2 us in a CUDA graph) is a third of the time.
 _CUDA_CONFIGS = [
+    # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
+    # on the tl.dot path (M > 2). 17.6 -> 11.6 us at M = 8, 22.8 -> 10.5 us at M = 32 against the folded
+    # norm below; the GEMV (M <= 2) is the same.
+    {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4, "norm_prologue": True,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
     {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4,
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
@@ -53,10 +58,6 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
-    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2); at M = 32 the folded
-    # norm took this group to 23 us, 13% of copy bandwidth.
-    {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4, "norm_prologue": True,
-     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
 # The tl.dot epilogue (split of the accumulator, cos/sin, two cache stores) is register-heavy: 64 x 128
 # tiles on 8 warps compile without spills on both targets (177 registers on sm_90, 118 VGPRs on

@@ -44,6 +44,15 @@ _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called 
 # 1024 of K with 4 warps, 21.3 us = 3.15 TB/s; 2 rows 23.6 us; 8 warps slower at every tile tried. More
 # rows a program amortize its L2 re-reads of x and w_norm.
 _CUDA_CONFIGS = [
+    # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
+    # on the tl.dot path (M > 2) and 64-wide tiles at 2 < M <= 64: 52.9 -> 24.8 us at M = 8 and
+    # 58.4 -> 23.0 us at M = 32 against the folded norm below; the GEMV (M <= 2) is the same.
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "skinny_block_n": 64, "skinny_block_k": 64, "skinny_warps": 4, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    # The norm as its own kernel with 128-wide tiles: 25.3 us at M = 8, 23.3 at M = 32.
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4,
@@ -52,15 +61,6 @@ _CUDA_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
-    # Not measured yet: the norm as its own kernel on the tl.dot path (M > 2), so the tiles stream the
-    # weights with no per-tile norm work (at M = 32 the folded norm ran at 28% of copy bandwidth).
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
-    # Not measured yet: that, with 64-wide tiles at 2 < M <= 64 (32 gate and 32 up rows), so that each
-    # program's re-read of the activations serves twice the weight rows (256 programs at F = 8192).
-    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True,
-     "skinny_block_n": 64, "skinny_block_k": 64, "skinny_warps": 4, "skinny_stages": 4,
-     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 _ROCM_CONFIGS = _p.ROCM_CONFIGS
 CONFIGS = _CUDA_CONFIGS

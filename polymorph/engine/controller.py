@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +46,7 @@ from polymorph.hw import Profile
 from polymorph.ir.dtypes import DType
 from polymorph.session import ReferenceExecutable
 from polymorph.tolerance import Tolerance, model_tolerance
-from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, reference_scenario
+from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside, reference_scenario
 
 if TYPE_CHECKING:
     from polymorph.engine.gates import GateReport
@@ -212,6 +212,21 @@ def scenario_ctx(steps: list[ScenarioStep]) -> int:
         for seq in step.seqs:
             length[seq] = length.get(seq, 0) + int(step.tokens.shape[1])
     return max(length.values())
+
+
+def _wire(scenario: list[ScenarioStep]) -> list[dict[str, Any]]:
+    """A scenario as the worker's `verify` takes it: what to feed, not what the reference answered."""
+    return [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
+
+
+def _logits(r: dict[str, Any], steps: int) -> list[Any]:
+    """A `verify` answer's logits per step; where the run raised, the error text at that step."""
+    got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
+    if "failed_step" in r:
+        return [*got[: r["failed_step"]], str(r["cause"])]
+    if len(got) != steps:
+        raise EngineError(f"the engine returned {len(got)} steps of logits for {steps}")
+    return got
 
 
 class Controller:
@@ -631,7 +646,7 @@ class Controller:
         scenario = self.scenario(prompt_lens, decode_steps, seed)
         blame = {g: p for g, (p, _) in under_test.items()}
         try:
-            result, _ = self.judge_scenario(scenario, blame, group=group)
+            result, _ = self.judge_scenario(scenario, blame, group=group, swapped=under_test)
         except WorkerLost as lost:
             result = GateResult(model_tolerance(self._dtype()), list(under_test))
             result.faults = self._lost(lost, blame)
@@ -654,24 +669,47 @@ class Controller:
         return DType.parse(self.graph.meta.get("dtype", "f32"))
 
     def judge_scenario(
-        self, scenario: list[ScenarioStep], blame: dict[str, str], *, group: str | None = None
+        self,
+        scenario: list[ScenarioStep],
+        blame: dict[str, str],
+        *,
+        group: str | None = None,
+        swapped: Mapping[str, tuple[str, dict[str, Any] | None]] | None = None,
     ) -> tuple[GateResult, dict[str, Any]]:
         """Run `scenario` in the worker (fresh cache, outputs poisoned) and judge its logits against
         the reference's; no swap back, no record. Also the worker's raw answer (`guard_nonzero`...).
+        Where a step misses the tolerance and `swapped` names the candidates in place (group: path,
+        config), the stock plan runs the same scenario and sets the bar at the steps it misses too
+        (`judge_beside`); its logits come back in the raw answer as `stock_logits`.
         WorkerLost propagates to the caller, who knows whom to blame."""
         dtype = self._dtype()
         tol = model_tolerance(dtype)
-        steps = [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
-        r = self._call("verify", self.budget_s, steps=steps, max_ctx=scenario_ctx(scenario), group=group)
-        got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
-        if "failed_step" in r:
-            got = [*got[: r["failed_step"]], str(r["cause"])]
-        elif len(got) != len(scenario):
-            raise EngineError(f"the engine returned {len(got)} steps of logits for {len(scenario)}")
-        result = GateResult(tol, list(blame), steps=judge(scenario, got, dtype, tol).steps)
+        r = self._call(
+            "verify", self.budget_s, steps=_wire(scenario), max_ctx=scenario_ctx(scenario), group=group
+        )
+        got = _logits(r, len(scenario))
+        verdict = judge(scenario, got, dtype, tol)
+        if not verdict.ok and swapped and "failed_step" not in r:
+            r["stock_logits"] = self.stock_logits(scenario, swapped)
+            verdict = judge_beside(scenario, got, r["stock_logits"], dtype, tol)
+        result = GateResult(tol, list(blame), steps=verdict.steps)
         if "failed_step" in r:
             result.faults = [Fault(g, p, "run", r["cause"]) for g, p in blame.items()]
         return result, r
+
+    def stock_logits(
+        self, scenario: list[ScenarioStep], swapped: Mapping[str, tuple[str, dict[str, Any] | None]]
+    ) -> list[Any]:
+        """The stock plan's logits over `scenario`: the groups of `swapped` run their stock kernels for
+        it, then get their candidates back (built already, so nothing compiles again)."""
+        for g in swapped:
+            self._call_engine("swap", group=g, path=None)
+        try:
+            r = self._call_engine("verify", steps=_wire(scenario), max_ctx=scenario_ctx(scenario))
+        finally:
+            for g, (path, config) in swapped.items():
+                self._call_engine("swap", group=g, path=path, config=config)
+        return _logits(r, len(scenario))
 
     def try_candidate(
         self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None
