@@ -4,8 +4,16 @@ beside polymorph/parallel.py's prediction for both, in one run.
     python bench/tp_check.py --model llama-3.2-1b --batch 1 --ctx 1024 --out tp.json
 
 Rank processes are started here (NCCL, one GPU each); rank 0 also runs the single-GPU plan on the same
-weights and tokens first. Steps are whole decode steps without graph capture (the TP plan's all-reduces
-are not captured), timed on rank 0's host clock around a device-wide sync, median of --steps.
+weights and tokens first. Steps are whole decode steps timed on rank 0's host clock around a
+device-wide sync, median of --steps: first launched one by one, then replayed from a CUDA graph (the
+TP plan's all-reduces captured inside it); rank 0 writes its results after each phase, so a phase that
+hangs leaves the ones before it.
+
+Agreement: TP=2 sums its row-parallel partials in another order than one GPU, and over 16 bf16 layers
+of random weights a few of 128k logits drift past the elementwise bf16 bound between any two correct
+engines. So a step where TP=2 is not within the bf16 tolerance of the single-GPU plan is run on the
+f32 numpy reference too, and agrees when TP=2 is no further from it than STOCK_SLACK times the
+single-GPU plan is (`tolerance.no_worse`).
 """
 
 from __future__ import annotations
@@ -52,25 +60,51 @@ def timed(exe):
     return statistics.median(times), logits
 backend = registry.get("cuda")
 result = {}
+def dump():
+    if rank == 0:
+        json.dump(result, open(out, "w"))
 if rank == 0:
     from polymorph.backends.gpu.runtime import GpuExecutable
+    from polymorph.ir.dtypes import DType
+    from polymorph.session import ReferenceExecutable
+    from polymorph.tolerance import compare, model_tolerance, no_worse
+    from polymorph.verify.numerics import STOCK_SLACK
+    tol = model_tolerance(DType.BF16)
     single = GpuExecutable(backend, backend.lower(model.graph, load_profile("h200"), bindings), weights)
-    single.capture = False
     single.allocate_state(blocks)
+    single.capture = False
     result["single_s"], want = timed(single)
+    single.capture = True
+    result["single_graph_s"], _ = timed(single)
     del single
     torch.cuda.empty_cache()
+    ref = ReferenceExecutable(model.graph, weights)
+    truth = {}
+    def reference(i):  # each step writes the same slot of a zeroed cache: steps are independent
+        if i not in truth:
+            ref.allocate_state(blocks)
+            truth[i] = ref.run(inputs(i))["logits"]
+        return truth[i]
+    def agreement(got):
+        direct = [compare(g, w, tol) for g, w in zip(got, want)]
+        beside = {i: (compare(got[i], reference(i), tol), compare(want[i], reference(i), tol))
+                  for i, d in enumerate(direct) if not d.ok}
+        return {"agree": all(tp_c.ok or no_worse(tp_c, one_c, STOCK_SLACK) for tp_c, one_c in beside.values()),
+                "max_abs": max(d.max_abs for d in direct), "steps": len(direct),
+                "steps_out_of_tolerance": len(beside),
+                "there_vs_reference": {i: {"tp2": str(a), "single": str(b)} for i, (a, b) in beside.items()}}
 dist.barrier()
 tp = TensorParallel(backend, model.graph, model.config, weights, load_profile("h200"), bindings)
 tp.allocate_state(blocks)
 result["tp2_s"], got = timed(tp)
 if rank == 0:
-    from polymorph.ir.dtypes import DType
-    from polymorph.tolerance import compare, model_tolerance
-    checks = [compare(g, w, model_tolerance(DType.BF16)) for g, w in zip(got, want)]
-    result["agree"] = all(c.ok for c in checks)
-    result["max_abs"] = max(c.max_abs for c in checks)
-    json.dump(result, open(out, "w"))
+    result.update(agreement(got))
+dump()
+tp.exe.capture = True
+result["tp2_graph_s"], got = timed(tp)
+if rank == 0:
+    result["graph"] = agreement(got)
+dump()
 dist.destroy_process_group()
 """
 
@@ -82,6 +116,7 @@ def main() -> int:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--out", default="tp.json")
+    p.add_argument("--timeout", type=float, default=400, help="seconds for both rank processes")
     args = p.parse_args()
     from polymorph.parallel import plan_parallel
 
@@ -100,19 +135,36 @@ def main() -> int:
         procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), *argv], env={**os.environ})
                  for r in range(2)]  # fmt: skip
         t0 = time.perf_counter()
-        codes = [p.wait(timeout=540) for p in procs]
-        if any(codes):
-            print(f"rank processes exited {codes}", file=sys.stderr)
-            return 1
-        measured = json.loads(out.read_text())
+        try:
+            codes = [p.wait(timeout=max(1.0, args.timeout - (time.perf_counter() - t0))) for p in procs]
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                proc.kill()
+            codes = ["timeout"]
+        measured = json.loads(out.read_text()) if out.exists() else {}
     result = {**measured, "predicted_single_s": options.get(1), "predicted_tp2_s": options.get(2),
-              "wall_s": time.perf_counter() - t0, "model": args.model, "batch": args.batch, "ctx": args.ctx}  # fmt: skip
+              "wall_s": time.perf_counter() - t0, "model": args.model, "batch": args.batch, "ctx": args.ctx,
+              "rank_exit": codes}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{args.model} decode, batch {args.batch}, ctx {args.ctx}, no graph capture: single GPU "
-          f"{measured['single_s'] * 1e3:.3f} ms (predicted {options.get(1, float('nan')) * 1e3:.3f}), TP=2 "
-          f"{measured['tp2_s'] * 1e3:.3f} ms (predicted {options.get(2, float('nan')) * 1e3:.3f}); logits agree: "
-          f"{measured['agree']} (max abs {measured['max_abs']:.3g})")  # fmt: skip
-    return 0 if measured["agree"] else 1
+    ms = lambda k: f"{measured[k] * 1e3:.3f} ms" if k in measured else "not measured"  # noqa: E731
+    print(
+        f"{args.model} decode, batch {args.batch}, ctx {args.ctx}; predicted: single GPU "
+        f"{options.get(1, float('nan')) * 1e3:.3f} ms, TP=2 {options.get(2, float('nan')) * 1e3:.3f} ms"
+    )
+    print(
+        f"  launched one by one: single GPU {ms('single_s')}, TP=2 {ms('tp2_s')}; "
+        f"agree {measured.get('agree')} (max abs {measured.get('max_abs', float('nan')):.3g}, "
+        f"{measured.get('steps_out_of_tolerance')} steps judged beside the reference)"
+    )
+    graph = measured.get("graph", {})
+    print(
+        f"  CUDA graph replay: single GPU {ms('single_graph_s')}, TP=2 {ms('tp2_graph_s')}; "
+        f"agree {graph.get('agree')} (max abs {graph.get('max_abs', float('nan')):.3g})"
+    )
+    if any(codes):
+        print(f"rank processes exited {codes}", file=sys.stderr)
+        return 1
+    return 0 if measured.get("agree") and graph.get("agree") else 1
 
 
 if __name__ == "__main__":

@@ -104,7 +104,8 @@ class TensorParallel:
     over the process group right after its launch. torch.distributed must be initialized."""
 
     def __init__(self, backend: Any, full_graph: Graph, cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-                 profile: Any, bindings: Mapping[str, int], *, group: Any = None) -> None:  # fmt: skip
+                 profile: Any, bindings: Mapping[str, int], *, group: Any = None,
+                 capture: bool = False) -> None:  # fmt: skip
         import torch.distributed as dist
 
         from polymorph.backend import Artifact
@@ -125,8 +126,10 @@ class TensorParallel:
         if hasattr(self.exe, "launches"):  # cpu: wrap the launches in place
             self.exe.launches = [(g, _then(launch, reduce) if g.id in self.collectives else launch)
                                  for g, launch in self.exe.launches]  # fmt: skip
-        else:  # GPU executables: the hook runs after the group's launch; no graph capture across it
-            self.exe.capture = False
+        else:  # GPU executables: the hook runs after the group's launch. With `capture`, decode steps
+            # are captured in a CUDA graph with the all-reduces inside (NCCL collectives capture once
+            # the communicator exists: the capture's warm-up steps create it).
+            self.exe.capture = capture
             self.exe.collectives = {g: reduce for g in self.collectives}
             self.exe.lower = lambda graph, prof, bindings: backend.lower(
                 graph, prof, bindings, unfused=UNFUSED

@@ -102,3 +102,16 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Compari
         worst_index=tuple(int(i) for i in worst),
         reason=reason,
     )
+
+
+def no_worse(candidate: Comparison, stock: Comparison, slack: float) -> bool:
+    """Both against the same expected values: the candidate misses by at most `slack` times what the
+    stock engine misses by, in max error and in elements out of tolerance. A NaN, a raise (a
+    comparison with a reason) or an infinite stock error never qualifies."""
+    return (
+        not candidate.reason
+        and not stock.reason
+        and bool(np.isfinite(stock.max_abs))
+        and candidate.max_abs <= slack * stock.max_abs
+        and candidate.mismatched <= slack * stock.mismatched
+    )

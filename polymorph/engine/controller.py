@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -262,6 +263,10 @@ class Controller:
         self._next_id = 0
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
+        # The next fresh scenario per (prompt_lens, decode_steps), drawn on the reference while the
+        # current candidate runs its gates (numpy releases the GIL in its matmuls).
+        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="polymorph-scenario")
+        self._next_scenario: dict[tuple, Future[list[ScenarioStep]]] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="polymorph-engine-")
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -434,6 +439,7 @@ class Controller:
         else:
             self.shutdown()
         self._kill_standby()
+        self._prefetch.shutdown(wait=False, cancel_futures=True)
         self._tmp.cleanup()
 
     def __enter__(self) -> Controller:
@@ -557,6 +563,7 @@ class Controller:
         if serialize.content_hash(self._model.graph) != self.loaded["graph_hash"]:
             raise EngineError("the worker built a different graph than the controller for the same model")
         self._reference = ReferenceExecutable(self._model.graph, self._model.weights())
+        self._next_scenario.clear()  # drawn on the model loaded before
 
     def groups(self) -> list[str]:
         return list(self.status()["groups"])
@@ -571,6 +578,12 @@ class Controller:
         """The model's weights as the reference holds them (the worker holds its own copy)."""
         assert self._reference is not None
         return self._reference.weights
+
+    @property
+    def wide_weights(self) -> dict[str, np.ndarray]:
+        """float32 copies of the low-precision projection weights the reference keeps."""
+        assert self._reference is not None
+        return self._reference.wide
 
     @property
     def vocab(self) -> int:
@@ -594,11 +607,29 @@ class Controller:
     def scenario(
         self, prompt_lens: tuple[int, ...] = (7, 3), decode_steps: int = 4, seed: int | None = None
     ) -> list[ScenarioStep]:
-        """The teacher-forced scenario with the reference's logits (`polymorph.verify.numerics`)."""
+        """The teacher-forced scenario with the reference's logits (`polymorph.verify.numerics`). With
+        no seed, one drawn fresh in the background since the last call (and the next one started), so
+        a candidate's gates do not wait for the reference."""
         assert self._reference is not None
-        return reference_scenario(
-            self._reference, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
+        if seed is not None:
+            return reference_scenario(
+                self._reference, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
+            )
+        key = (tuple(prompt_lens), decode_steps)
+        ready = self._next_scenario.pop(key, None)
+        self._next_scenario[key] = self._prefetch.submit(
+            self._draw, self._reference, prompt_lens, decode_steps
         )
+        return ready.result() if ready is not None else self._draw(self._reference, prompt_lens, decode_steps)
+
+    def _draw(
+        self, ref: ReferenceExecutable, prompt_lens: tuple[int, ...], decode_steps: int
+    ) -> list[ScenarioStep]:
+        """A fresh scenario on a reference of its own (the cache is per executable), sharing `ref`'s
+        weights and their f32 copies."""
+        own = ReferenceExecutable(ref.graph, ref.weights, wide_budget=0)
+        own.wide = ref.wide
+        return reference_scenario(own, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps)
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).

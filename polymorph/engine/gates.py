@@ -299,16 +299,20 @@ class _Run:
     def _reference(self, inputs: list[np.ndarray | None], bindings: dict[str, int]) -> list[np.ndarray]:
         from polymorph import reference
 
-        weights = self.engine.weights
+        weights, wide = self.engine.weights, self.engine.wide_weights
+        # Weights as the reference holds them (only read: no op writes a weight); the rest copied, since
+        # a cache write updates its input in place.
         env = {
-            v: (weights[v] if a is None else a).copy()
-            for v, a in zip(self.info["inputs"], inputs, strict=True)
+            v: weights[v] if a is None else a.copy() for v, a in zip(self.info["inputs"], inputs, strict=True)
         }
         by_name = {n.name: n for n in self.graph.nodes}
         for name in self.info["nodes"]:
             node = by_name[name]
             attrs = normalize_attrs(OPS[node.op], node.attrs)
-            args = [env[v] for v in node.inputs]
+            if node.op in reference.WIDE_OPS:  # their f32 copies, read as the op would widen them
+                args = [wide[v] if v in wide and v in weights else env[v] for v in node.inputs]
+            else:
+                args = [env[v] for v in node.inputs]
             if node.op == "reshape":
                 shape = tuple(int(d) for d in bind(attrs["shape"], bindings))
                 outs = reference._reshape(args, attrs, shape)

@@ -19,7 +19,7 @@ from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.session import Session
-from polymorph.tolerance import Comparison, Tolerance, compare, model_tolerance
+from polymorph.tolerance import Comparison, Tolerance, compare, model_tolerance, no_worse
 
 
 @dataclass(frozen=True)
@@ -166,16 +166,7 @@ def judge_beside(
     for i, check in enumerate(mine.steps):
         c = check.comparison
         s = theirs.steps[i].comparison if i < len(theirs.steps) else None
-        if (
-            not c.ok
-            and s is not None
-            and not s.ok
-            and not c.reason
-            and not s.reason
-            and np.isfinite(s.max_abs)
-            and c.max_abs <= STOCK_SLACK * s.max_abs
-            and c.mismatched <= STOCK_SLACK * s.mismatched
-        ):
+        if not c.ok and s is not None and not s.ok and no_worse(c, s, STOCK_SLACK):
             note = f"out of tolerance as the stock plan is, and within {STOCK_SLACK:g}x of its error ({s})"
             check = StepCheck(
                 check.step, Comparison(True, c.max_abs, c.max_rel, c.mismatched, c.total, ()), note
