@@ -41,7 +41,14 @@ from polymorph.tensor_parallel import TensorParallel
 rank, store, out, model_name, batch, ctx, steps = sys.argv[1:8]
 rank, batch, ctx, steps = int(rank), int(batch), int(ctx), int(steps)
 torch.cuda.set_device(rank)
-dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=2)
+from datetime import timedelta
+# A collective that waits this long is aborted: a rank that failed must not leave the other hanging.
+dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=90), device_id=torch.device("cuda", rank))
+def say(*what):
+    if rank == 0:
+        print(f"[{time.perf_counter() - T0:6.1f} s]", *what, flush=True)
+T0 = time.perf_counter()
 model = load_model(model_name, dtype="bf16")
 weights = model.weights()
 bindings = bucket_bindings(model.graph, batch=batch, ctx=ctx)
@@ -60,9 +67,10 @@ def timed(exe):
     return statistics.median(times), logits
 backend = registry.get("cuda")
 result = {}
-def dump():
+def dump(phase):
     if rank == 0:
         json.dump(result, open(out, "w"))
+        say(phase, {k: v for k, v in result.items() if k != "graph"})
 if rank == 0:
     from polymorph.backends.gpu.runtime import GpuExecutable
     from polymorph.ir.dtypes import DType
@@ -74,8 +82,10 @@ if rank == 0:
     single.allocate_state(blocks)
     single.capture = False
     result["single_s"], want = timed(single)
+    say("single GPU, launched one by one:", result["single_s"])
     single.capture = True
     result["single_graph_s"], _ = timed(single)
+    say("single GPU, graph replay:", result["single_graph_s"])
     del single
     torch.cuda.empty_cache()
     ref = ReferenceExecutable(model.graph, weights)
@@ -99,12 +109,12 @@ tp.allocate_state(blocks)
 result["tp2_s"], got = timed(tp)
 if rank == 0:
     result.update(agreement(got))
-dump()
+dump("TP=2 launched one by one")
 tp.exe.capture = True
 result["tp2_graph_s"], got = timed(tp)
 if rank == 0:
     result["graph"] = agreement(got)
-dump()
+dump("TP=2 graph replay")
 dist.destroy_process_group()
 """
 
@@ -114,7 +124,7 @@ def main() -> int:
     p.add_argument("--model", default="llama-3.2-1b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="tp.json")
     p.add_argument("--timeout", type=float, default=400, help="seconds for both rank processes")
     args = p.parse_args()
@@ -123,7 +133,7 @@ def main() -> int:
     predicted = plan_parallel(args.model, 2, backend="cuda", target="h200", batch=args.batch, ctx=args.ctx)
     options = {o.tp: o.step_s for o in predicted.options if o.ep == 1}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rank0.json"
+        out = Path(args.out).with_suffix(".partial.json")
         argv = [
             str(Path(tmp) / "store"),
             str(out),
