@@ -2,19 +2,24 @@
 
 Per kernel call (one plan group):
 
-    time = max(bytes / (bw * eff_bw(bytes)), flops / (peak * eff_flops(flops, shape))) + launch overhead
+    projections: time = flops / matmul_rate(M, K, N) + other bytes / (bw * eff_bw(other bytes)) + launches
+    other groups: time = max(bytes / (bw * eff_bw(bytes)), flops / (peak * eff_flops)) + launches
 
-`bw` and `peak` are the profile's figures (measured where calibrated, polymorph/hw.py). The efficiencies
-come from the calibration file's curves (hwprofiles/measured/README.md), piecewise-linear in log(size)
-between measured points and flat beyond the ends:
-- eff_bw(bytes) = read bandwidth measured at a buffer of that size / bw (the copy curve when there is no
-  read curve). Kernels of a decode step mostly read (weights, KV cache), hence the read curve. It can
-  exceed 1 for buffers that stay in cache, since bw is the sustained large-buffer figure.
-- eff_flops = measured matmul rate / peak, for groups that do matrix work (linear, matmul, attention,
-  moe_ffn). A group with a linear node uses the points whose M is nearest its M (in log), a group with
-  attention or experts but no linear uses the M=1 points: decode attention and routed experts are
-  matrix-vector work. Other groups (norms, elementwise) run at efficiency 1 on compute: their flops are
-  negligible and memory or launch overhead bounds them.
+`bw` and `peak` are the profile's figures (measured where calibrated, polymorph/hw.py). The rates and
+efficiencies come from the calibration file's curves (hwprofiles/measured/README.md), piecewise-linear
+in log(size) between measured points and flat beyond the ends:
+- matmul_rate: the suite's torch matmul at the decoder's shapes, weights cold in cache: the points of
+  the nearest M (in log), of the same K where measured, interpolated on FLOPs. A group's projections of
+  one input (q, k and v; gate and up) count as one GEMM of their summed N. That measured time already
+  streams the GEMM's own operands, so only the group's other traffic (a residual, a norm's weight,
+  cache writes) is added, at the read curve's rate for its size.
+- eff_bw(bytes) = bandwidth measured at a buffer of that size / bw: the read curve for attention (it
+  streams the KV cache), the copy curve for norms, elementwise ops and gathers (they write about what
+  they read). It can exceed 1 for buffers that stay in cache, since bw is the large-buffer figure.
+- eff_flops for attention = the matmul rate at M = the query rows sharing one KV head (seq x heads /
+  kv_heads: grouped-query heads read each K and V row once), K = head_dim; moe_ffn uses the smallest
+  M's points (routed experts are matrix-vector work). Other groups run at efficiency 1 on compute:
+  their flops are negligible and memory or launch overhead bounds them.
 - launch overhead: the calibration's measured `launch_overhead`, else DEFAULT_LAUNCH_OVERHEAD_S, once
   per kernel the group launches (a split decode attention launches two; counted from the plan's
   compile units where the caller gives them, else one). Where
@@ -216,17 +221,27 @@ class HardwareModel:
             )
         return peak
 
-    def eff_bw(self, nbytes: float) -> float:
+    def eff_bw(self, nbytes: float, traffic: str = "read") -> float:
+        """Measured bandwidth at a buffer of `nbytes` over the sustained figure: the read curve for
+        `traffic` "read", the copy curve for "copy" (each falls back on the other)."""
         cal = self.profile.calibration
-        curve = None if cal is None else (cal.curve("read_bandwidth") or cal.curve("copy_bandwidth"))
+        names = (
+            ("read_bandwidth", "copy_bandwidth")
+            if traffic == "read"
+            else ("copy_bandwidth", "read_bandwidth")
+        )
+        curve = None if cal is None else (cal.curve(names[0]) or cal.curve(names[1]))
         if curve is None or nbytes <= 0:
             return 1.0
         return _interpolate([(p.size, p.si) for p in curve.points], nbytes) / self.bandwidth()
 
-    def eff_flops(self, flops: float, dtype: str, shape: tuple[int, int, int] | None) -> float:
+    def matmul_curve(self, dtype: str) -> Curve | None:
         cal = self.profile.calibration
         key = peak_key(dtype)
-        curve = None if cal is None or key is None else cal.curve(f"matmul.{key}")
+        return None if cal is None or key is None else cal.curve(f"matmul.{key}")
+
+    def eff_flops(self, flops: float, dtype: str, shape: tuple[int, int, int] | None) -> float:
+        curve = self.matmul_curve(dtype)
         if curve is None or flops <= 0:
             return 1.0
         points = _nearest_rows(curve, shape)
@@ -242,16 +257,25 @@ class HardwareModel:
         matrix: bool,
         host_ops: int | None = None,
         launches: int = 1,
+        operand_bytes: float = 0.0,
     ) -> KernelRow:
-        memory_s = cost.bytes / (self.bandwidth() * self.eff_bw(cost.bytes)) if cost.bytes > 0 else 0.0
         compute_s = 0.0
         if cost.flops > 0:
             eff = self.eff_flops(cost.flops, dtype, shape) if matrix else 1.0
             compute_s = cost.flops / (self.peak(dtype) * eff)
+        measured_gemm = matrix and operand_bytes > 0 and self.matmul_curve(dtype) is not None
+        # A projection's measured matmul rate already moved its own operands (weights cold in cache):
+        # only the group's other traffic (a residual, a norm's weight, cache writes) adds to it.
+        rest = max(cost.bytes - operand_bytes, 0.0) if measured_gemm else cost.bytes
+        # Attention streams its KV cache (reads); norms, elementwise ops and gathers write about what
+        # they read, as a copy does.
+        traffic = "read" if matrix else "copy"
+        memory_s = rest / (self.bandwidth() * self.eff_bw(rest, traffic)) if rest > 0 else 0.0
+        core_s = compute_s + memory_s if measured_gemm else max(memory_s, compute_s)
         overhead = self.launch_overhead_s * launches
         if host_ops is not None and self.op_overhead_s is not None:
             overhead += max(host_ops - 1, 0) * self.op_overhead_s
-        if overhead > max(memory_s, compute_s):
+        if overhead > core_s:
             bound = "overhead"
         else:
             bound = "compute" if compute_s > memory_s else "memory"
@@ -264,7 +288,7 @@ class HardwareModel:
             memory_s=memory_s,
             compute_s=compute_s,
             overhead_s=overhead,
-            predicted_s=max(memory_s, compute_s) + overhead,
+            predicted_s=core_s + overhead,
             bound=bound,
         )
 
@@ -310,16 +334,19 @@ def predict(
             continue
         cost = (costs or {}).get(group.id) or group_cost(graph, group, types, bindings)
         ops = {by_name[n].op for n in group.nodes}
+        gemm = _matmul_shape(group, by_name, types, bindings)
+        shape = gemm[0] if gemm else _attention_shape(group, by_name, types, bindings)
         rows.append(
             model.kernel_row(
                 group.id,
                 group.pattern,
                 cost,
                 _compute_dtype(group, types),
-                _matmul_shape(group, by_name, types, bindings),
+                shape,
                 matrix=bool(ops & MATRIX_OPS),
                 host_ops=(host_ops or {}).get(group.id),
                 launches=(launches or {}).get(group.id, 1),
+                operand_bytes=gemm[1] if gemm and group.id not in (costs or {}) else 0.0,
             )
         )
     return Prediction(
@@ -392,28 +419,58 @@ def _compute_dtype(group: PlanGroup, types: Mapping[str, TensorType]) -> str:
 
 def _matmul_shape(
     group: PlanGroup, by_name: Mapping[str, Any], types: Mapping[str, TensorType], bindings: Mapping[str, int]
-) -> tuple[int, int, int] | None:
-    """(M, K, N) of the group's largest linear node, or None when it has none."""
-    best: tuple[int, int, int] | None = None
+) -> tuple[tuple[int, int, int], float] | None:
+    """((M, K, N), operand bytes) of the group's projections, or None when it has none. Projections of
+    one input (q, k and v; gate and up) count as one GEMM of their summed N; of several such GEMMs,
+    the largest. Operand bytes: x, the weights and the outputs of those projections."""
+    gemms: dict[tuple[str, int, int], list[float]] = {}
     for name in group.nodes:
         node = by_name[name]
         if node.op != "linear":
             continue
         x, w = types[node.inputs[0]], types[node.inputs[1]]
         n_out, k = (numel((d,), bindings) for d in w.shape)
-        shape = (numel(x.shape[:-1], bindings), k, n_out)
-        if best is None or math.prod(shape) > math.prod(best):
-            best = shape
-    return best
+        m = numel(x.shape[:-1], bindings)
+        acc = gemms.setdefault((node.inputs[0], m, k), [0.0, _bytes(x, bindings)])
+        acc[0] += n_out
+        acc[1] += _bytes(w, bindings) + _bytes(types[node.outputs[0]], bindings)
+    if not gemms:
+        return None
+    (_, m, k), (n, operands) = max(gemms.items(), key=lambda kv: kv[0][1] * kv[0][2] * kv[1][0])
+    return (m, k, int(n)), operands
+
+
+def _attention_shape(
+    group: PlanGroup, by_name: Mapping[str, Any], types: Mapping[str, TensorType], bindings: Mapping[str, int]
+) -> tuple[int, int, int] | None:
+    """(M, K, N) of the group's attention as matrix work: the query rows that share one KV head
+    (seq x heads / kv_heads: grouped-query heads read each K and V row once), head_dim, context."""
+    for name in group.nodes:
+        node = by_name[name]
+        if node.op not in ("cache_attention", "attention"):
+            continue
+        q, k = types[node.inputs[0]], types[node.inputs[1]]
+        s, h, d = (numel((dim,), bindings) for dim in q.shape[1:])
+        if node.op == "cache_attention":
+            table = types[node.inputs[3]]
+            ctx = numel((table.shape[1],), bindings) * numel((k.shape[1],), bindings)
+            kv = numel((k.shape[2],), bindings)
+        else:
+            ctx, kv = numel((k.shape[1],), bindings), numel((k.shape[2],), bindings)
+        return s * max(h // max(kv, 1), 1), d, ctx
+    return None
 
 
 def _nearest_rows(curve: Curve, shape: tuple[int, int, int] | None) -> Sequence[Any]:
-    """The curve's points whose M is nearest `shape`'s M in log; the smallest M's when no shape."""
+    """The curve's points whose M is nearest `shape`'s M in log (the smallest M's when no shape); of
+    those, the ones of the same K where the curve has any."""
     rows = sorted({p.shape[0] for p in curve.points if p.shape})
     if not rows:
         return curve.points
     m = rows[0] if shape is None else min(rows, key=lambda r: abs(math.log(r) - math.log(shape[0])))
-    return [p for p in curve.points if p.shape and p.shape[0] == m]
+    near = [p for p in curve.points if p.shape and p.shape[0] == m]
+    same_k = [p for p in near if shape is not None and p.shape[1] == shape[1]]
+    return same_k or near
 
 
 def _interpolate(points: Sequence[tuple[float, float]], size: float) -> float:

@@ -87,9 +87,13 @@ def test_matmul_efficiency_uses_the_rows_nearest_the_calls_m(cpu_profile: Profil
     hw = costmodel.HardwareModel(cpu_profile)
     small, large = 2.0 * 256 * 256, 2.0 * 4096 * 4096
     assert hw.eff_flops(small, "f32", (1, 256, 256)) == pytest.approx(0.01 / 0.1)
-    assert hw.eff_flops(small * 2, "f32", (2, 256, 256)) == pytest.approx(
+    # A K the suite did not measure: every point of the nearest M, interpolated on FLOPs.
+    assert hw.eff_flops(small * 2, "f32", (2, 1024, 256)) == pytest.approx(
         (0.01 + (0.05 - 0.01) * math.log(2) / math.log(large / small)) / 0.1
     )
+    # A measured K: that K's points alone, even at another size.
+    assert hw.eff_flops(small * 2, "f32", (2, 256, 512)) == pytest.approx(0.01 / 0.1)
+    assert hw.eff_flops(small, "f32", (1, 4096, 64)) == pytest.approx(0.05 / 0.1)
     assert hw.eff_flops(large * 16, "f32", (12, 4096, 4096)) == pytest.approx(0.08 / 0.1)  # M=16 rows
     assert hw.eff_flops(small, "f32", None) == pytest.approx(0.01 / 0.1)  # no shape: the M=1 points
     assert hw.eff_flops(small, "bf16", (1, 256, 256)) == 1.0  # no bf16 curve: efficiency 1
@@ -102,16 +106,40 @@ def test_every_group_has_one_row_whose_time_follows_the_formula(
     assert [k.group for k in p.kernels] == [g.id for g in tiny_plan.groups]
     assert p.calibrated and "calibrated" in p.basis and "uncalibrated" not in p.basis
     hw = costmodel.HardwareModel(cpu_profile)
-    for k in p.kernels:
+    graph = tiny_plan.graph
+    by_name = {n.name: n for n in graph.nodes}
+    types, bindings = graph.types(), dict(tiny_plan.bindings)
+    for k, group in zip(p.kernels, tiny_plan.groups, strict=True):
         assert k.overhead_s == pytest.approx(2e-6)
-        want_memory = k.bytes / (20 * GB * hw.eff_bw(k.bytes)) if k.bytes else 0.0
-        assert k.memory_s == pytest.approx(want_memory)
-        assert k.predicted_s == pytest.approx(max(k.memory_s, k.compute_s) + 2e-6)
+        gemm = costmodel._matmul_shape(group, by_name, types, bindings)
+        if gemm is None:  # memory or compute bound, whichever is slower
+            want_memory = k.bytes / (20 * GB * hw.eff_bw(k.bytes)) if k.bytes else 0.0
+            assert k.memory_s == pytest.approx(want_memory)
+            assert k.predicted_s == pytest.approx(max(k.memory_s, k.compute_s) + 2e-6)
+        else:  # the measured matmul time, plus the traffic beyond the GEMM's own operands
+            rest = max(k.bytes - gemm[1], 0.0)
+            assert rest < k.bytes
+            assert k.memory_s == pytest.approx(rest / (20 * GB * hw.eff_bw(rest)) if rest else 0.0)
+            assert k.predicted_s == pytest.approx(k.compute_s + k.memory_s + 2e-6)
         assert k.bound in ("memory", "compute", "overhead")
     assert p.step_s == pytest.approx(sum(k.predicted_s for k in p.kernels))
     lm_head = p.row("lm_head")  # x[1, 64] @ w[256, 64]^T: the M=1 points, 32768 FLOPs, below the first
     assert lm_head.compute_s == pytest.approx(32768 / (0.1e12 * 0.01 / 0.1))
     assert lm_head.bound == "compute"
+
+
+def test_grouped_query_attention_runs_at_the_rate_of_the_rows_sharing_a_kv_head(cpu_profile: Profile) -> None:
+    """Decode attention of llama-tiny (4 query heads over 2 KV heads): each K and V row serves 2 query
+    rows, so its rate is the matmul curve's nearest M to 2, not the matrix-vector one."""
+    plan = lower("llama-tiny", cpu_profile, batch=3, ctx=64)
+    graph = plan.graph
+    by_name = {n.name: n for n in graph.nodes}
+    (sdpa,) = [g for g in plan.groups if g.id == "layers.0.attn.sdpa"]
+    shape = costmodel._attention_shape(sdpa, by_name, graph.types(), dict(plan.bindings))
+    cfg = load_model("llama-tiny").config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    assert shape == (heads // kv, cfg.hidden_size // heads, 64)
+    assert costmodel._matmul_shape(sdpa, by_name, graph.types(), dict(plan.bindings)) is None
 
 
 def test_each_host_op_beyond_a_kernels_first_costs_the_calibrated_op_overhead(
