@@ -21,13 +21,15 @@ from polymorph.target import Target
 
 # The fusions kernels/triton/ has kernels for, in match order: the norm folded into the q/k/v GEMV
 # with rope and the cache write in its epilogue; the norm folded into the gate/up GEMV with SwiGLU;
-# the residual add in the o/down projection's epilogue; a norm with the projections that read it.
+# the residual add in the o/down projection's epilogue; a norm with the projections that read it;
+# the SwiGLU product in one pass where the gate/up GEMMs run plain (above FUSED_NORM_MAX_ROWS).
 GPU_PATTERNS = (
     "rmsnorm+qkv+rope+kv_write",
     "rmsnorm+linear+silu*mul",
     "qkv+qk_norm+rope+kv_write",
     "linear+residual",
     "rmsnorm+linear",
+    "silu*mul",
 )
 # The norm-folded projections scale each A tile by w_norm in registers before the MMA, which starves
 # the tensor cores once the step is compute-bound: on an H200 at a 2048-token Llama-3.2-1B prefill the

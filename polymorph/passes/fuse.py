@@ -299,6 +299,17 @@ RMSNORM_LINEAR_SILU_MUL = Pattern(
     outputs=("mul",),
 )
 
+# SwiGLU's product alone, where gate and up run as plain projections (a GPU prefill): one pass over the
+# two activations instead of a silu kernel and a product kernel.
+SILU_MUL = Pattern(
+    "silu*mul",
+    (
+        Step("act", "silu", ("$gate",)),
+        Step("mul", "mul", ("act", ANY)),
+    ),
+    outputs=("mul",),
+)
+
 # Table order decides overlaps: the attention-input patterns take q/k/v before rmsnorm+linear could
 # take them with their norm, so rmsnorm+linear groups what is left (an MoE router and its norm; the
 # lm_head and the final norm when every position's logits are computed). A backend that wants the
@@ -312,6 +323,7 @@ STANDARD_PATTERNS: tuple[Pattern, ...] = (
     # Norm-folded variants last: they match only where a backend selects them ahead of the above.
     RMSNORM_QKV_ROPE_KV_WRITE,
     RMSNORM_LINEAR_SILU_MUL,
+    SILU_MUL,
 )
 
 

@@ -49,7 +49,7 @@ ROCM = Target.parse("rocm:gfx942")
 BF16, F32, I32 = DType.BF16, DType.F32, DType.I32
 DTYPES = [BF16, F32]
 TORCH_DTYPE = {BF16: "bfloat16", F32: "float32", DType.F16: "float16", I32: "int32", DType.I64: "int64"}
-FUSED = ("rmsnorm+linear", "linear+residual", "rmsnorm+linear+silu*mul", "rmsnorm+qkv+rope+kv_write")
+FUSED = ("rmsnorm+linear", "linear+residual", "rmsnorm+linear+silu*mul", "rmsnorm+qkv+rope+kv_write", "silu*mul")
 # (M, N, K): the GEMV path (M <= GEMV_MAX_M = 2) at odd and round sizes, and the tl.dot path
 SHAPES = [(1, 33, 48), (2, 64, 128), (3, 33, 48)]
 ROPE = {"theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -355,11 +355,27 @@ def simple_cases() -> dict[str, Callable[[], None]]:
             kernel(file, interpret=True), graph, graph.nodes[0].op, CUDA, rng, f"{name} {dtype} (seed {seed})"
         )
 
-    return {
+    def silu_mul_case(dtype: DType, up_first: bool) -> None:
+        """The SwiGLU product alone (the GPU prefill's pattern), either operand order, an odd size."""
+        seed, rng = seeded()
+        g = GraphBuilder("silu_mul")
+        gate, up = g.input("gate", dtype, (3, 7, 40)), g.input("up", dtype, (3, 7, 40))
+        act = g.op("silu", "act", gate)
+        g.output("y", g.op("mul", "mul", *((up, act) if up_first else (act, up))))
+        where = f"silu*mul {dtype} up_first={up_first} (seed {seed})"
+        check(kernel("silu_mul", interpret=True), g.build(), "silu*mul", CUDA, rng, where)
+
+    cases = {
         f"{name}-{dtype}": functools.partial(case, name, file, build, dtype)
         for name, (file, build, dtypes) in graphs.items()
         for dtype in dtypes
     }
+    for dtype in DTYPES:
+        for up_first in (False, True):
+            cases[f"silu_mul-{dtype}-{'up' if up_first else 'act'}_first"] = functools.partial(
+                silu_mul_case, dtype, up_first
+            )
+    return cases
 
 
 # The patterns the GPU backend fuses, and which of this file's kernels takes each group of llama-tiny.
