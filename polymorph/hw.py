@@ -166,6 +166,7 @@ _CALIBRATION_KEYS = {
     "launch_overhead",
     "step_overhead",
     "op_overhead",
+    "allreduce_latency",
 }
 
 # Calibration curves: name -> (what a point is indexed by, dimension of its values, label). A bandwidth
@@ -236,6 +237,7 @@ class Calibration:
     launch_overhead: Figure | None = None  # seconds per kernel call (`si`), measured
     step_overhead: Figure | None = None  # seconds per step beyond its kernels (`si`), measured
     op_overhead: Figure | None = None  # seconds per host-dispatched op inside a kernel (`si`), measured
+    allreduce_latency: Figure | None = None  # seconds per small all-reduce over every device (`si`), measured
 
     def curve(self, name: str) -> Curve | None:
         """The curve `name` (a CURVES key), or None when this file has none."""
@@ -551,6 +553,7 @@ def _parse_calibration(data: dict[str, Any], where: str, profile: Profile) -> Ca
         launch_overhead=_parse_overhead(data, "launch_overhead", where),
         step_overhead=_parse_overhead(data, "step_overhead", where),
         op_overhead=_parse_overhead(data, "op_overhead", where),
+        allreduce_latency=_parse_overhead(data, "allreduce_latency", where),
     )
 
 
@@ -648,7 +651,7 @@ def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Fig
 
 
 def _parse_figure(raw: object, name: str, dimension: str, where: str, measured: bool) -> Figure:
-    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, launch_/step_/op_overhead
+    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, *_overhead, allreduce_latency
     if not isinstance(raw, dict):
         raise UserError(
             f"{where}: `{field}` must be a table with `value`, `unit` and "

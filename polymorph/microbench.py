@@ -24,7 +24,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 @dataclass(frozen=True)
 class Measurement:
-    name: str  # `figures.<name>`, `peak.<dtype>`, `launch_`/`step_`/`op_overhead`, or `curves.<name>`
+    name: str  # `figures.<name>`, `peak.<dtype>`, `*_overhead`, `allreduce_latency`, `curves.<name>`
     value: float
     unit: str
     method: str
@@ -89,9 +89,11 @@ class SuiteResult:
     unrecorded: list[Measurement] = field(default_factory=list)
     step_overhead: Measurement | None = None  # the runtime's fixed cost per step, beyond its kernels
     op_overhead: Measurement | None = None  # one host-dispatched op inside a kernel (cpu: a torch op)
+    allreduce_latency: Measurement | None = None  # the smallest all-reduce over every device (several GPUs)
 
     def overheads(self) -> list[Measurement]:
-        return [self.launch_overhead, *(m for m in (self.step_overhead, self.op_overhead) if m is not None)]
+        rest = (self.step_overhead, self.op_overhead, self.allreduce_latency)
+        return [self.launch_overhead, *(m for m in rest if m is not None)]
 
     def __iter__(self) -> Iterator[Measurement]:
         yield from self.figures

@@ -12,8 +12,10 @@ model (costmodel.py):
 - Communication: two all-reduces per layer (after the o-projection and after the MLP or experts) of
   the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
   the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
-  a ring sends and receives at once), plus one launch overhead each. Without the figure the
-  communication time is unknown and the option says so.
+  a ring sends and receives at once), plus a fixed cost each: the calibration's `allreduce_latency`
+  (the GPU suite measures it where several devices exist), else one launch overhead, far too little
+  (two H200s: TP=2 of Llama-3.2-1B measured slower than one GPU, predicted faster on launches alone).
+  Without the figure the communication time is unknown and the option says so.
 - N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch
   per step.
 - Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations)
@@ -293,7 +295,11 @@ def _allreduce_rows(
         return None
     nbytes = batch * cfg.hidden_size * dtype.itemsize
     moved = 2.0 * (tp - 1) / tp * nbytes
-    overhead = HardwareModel(profile).launch_overhead_s
+    # A measured small all-reduce (the suite on several devices) is its fixed cost: launch, the
+    # handshake between devices, the sync. Without one, a kernel launch, which is far too little.
+    cal = profile.calibration
+    measured = cal.allreduce_latency if cal is not None else None
+    overhead = measured.si if measured is not None else HardwareModel(profile).launch_overhead_s
     rows = []
     for layer in range(cfg.num_hidden_layers):
         for where in ("attn.o", "mlp.down"):

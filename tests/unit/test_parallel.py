@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import parallel
+from polymorph import microbench, parallel
 from polymorph.backends.cpu.microbench import write_calibration
 from polymorph.errors import UserError
-from polymorph.microbench import Measurement
+from polymorph.microbench import Measurement, SuiteResult
 from polymorph.models.zoo import zoo_config
 
 # Lowering for cuda loads the Triton kernel files, so those tests need triton (the `cuda` extra).
@@ -143,6 +143,25 @@ def test_a_latency_target_filters_and_a_missed_target_is_explained(empty: Path) 
     )
     assert loose.choice is not None
     assert loose.choice.tokens_per_s == max(o.tokens_per_s for o in loose.options)
+
+
+@needs_triton
+def test_a_measured_allreduce_latency_is_each_all_reduces_fixed_cost(tmp_path: Path) -> None:
+    """The GPU suite on several devices writes `allreduce_latency`; TP=2 charges it per all-reduce
+    instead of a kernel launch."""
+    suite = SuiteResult(
+        [Measurement("figures.memory_bandwidth", 4000, "GB/s", "fixed test number")],
+        Measurement("launch_overhead", 1, "us", "fixed test number"),
+        allreduce_latency=Measurement("allreduce_latency", 15, "us", "fixed test number"),
+    )
+    microbench.write_calibration(tmp_path, "h200", suite, device="test", driver="test",
+                                 toolchain={"python": "3"}, command="test")  # fmt: skip
+    plan = parallel.plan_parallel("llama-3.2-1b", 2, backend="cuda", target="h200", calibration_dir=tmp_path)
+    tp2 = next(o for o in plan.options if o.tp == 2)
+    rows = [k for k in tp2.prediction.kernels if k.pattern == "all_reduce"]
+    assert len(rows) == 32 and all(k.overhead_s == pytest.approx(15e-6) for k in rows)
+    wire = 2 * 0.5 * 2048 * 2 / 450e9  # [1, 2048] bf16 over 450 GB/s, half of it each way
+    assert tp2.allreduce_s == pytest.approx(32 * (15e-6 + wire))
 
 
 def test_without_an_interconnect_figure_the_all_reduce_is_unknown(tmp_path: Path) -> None:

@@ -49,7 +49,13 @@ ROCM = Target.parse("rocm:gfx942")
 BF16, F32, I32 = DType.BF16, DType.F32, DType.I32
 DTYPES = [BF16, F32]
 TORCH_DTYPE = {BF16: "bfloat16", F32: "float32", DType.F16: "float16", I32: "int32", DType.I64: "int64"}
-FUSED = ("rmsnorm+linear", "linear+residual", "rmsnorm+linear+silu*mul", "rmsnorm+qkv+rope+kv_write", "silu*mul")
+FUSED = (
+    "rmsnorm+linear",
+    "linear+residual",
+    "rmsnorm+linear+silu*mul",
+    "rmsnorm+qkv+rope+kv_write",
+    "silu*mul",
+)
 # (M, N, K): the GEMV path (M <= GEMV_MAX_M = 2) at odd and round sizes, and the tl.dot path
 SHAPES = [(1, 33, 48), (2, 64, 128), (3, 33, 48)]
 ROPE = {"theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
