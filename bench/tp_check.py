@@ -127,10 +127,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="tp.json")
     p.add_argument("--timeout", type=float, default=400, help="seconds for both rank processes")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help="calibration directory for the prediction (default: hwprofiles/measured)")  # fmt: skip
     args = p.parse_args()
     from polymorph.parallel import plan_parallel
 
-    predicted = plan_parallel(args.model, 2, backend="cuda", target="h200", batch=args.batch, ctx=args.ctx)
+    predicted = plan_parallel(args.model, 2, backend="cuda", target="h200", batch=args.batch, ctx=args.ctx,
+                              calibration_dir=args.calibration)  # fmt: skip
     options = {o.tp: o.step_s for o in predicted.options if o.ep == 1}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out).with_suffix(".partial.json")
