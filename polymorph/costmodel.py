@@ -222,8 +222,8 @@ class HardwareModel:
         return peak
 
     def eff_bw(self, nbytes: float, traffic: str = "read") -> float:
-        """Measured bandwidth at a buffer of `nbytes` over the sustained figure: the read curve for
-        `traffic` "read", the copy curve for "copy" (each falls back on the other)."""
+        """Measured bandwidth for a kernel that moves `nbytes`, over the sustained figure: the read
+        curve for `traffic` "read", the copy curve for "copy" (each falls back on the other)."""
         cal = self.profile.calibration
         names = (
             ("read_bandwidth", "copy_bandwidth")
@@ -233,7 +233,9 @@ class HardwareModel:
         curve = None if cal is None else (cal.curve(names[0]) or cal.curve(names[1]))
         if curve is None or nbytes <= 0:
             return 1.0
-        return _interpolate([(p.size, p.si) for p in curve.points], nbytes) / self.bandwidth()
+        # A copy curve's points are buffer sizes, its traffic twice that (read, then written).
+        size = nbytes / 2 if curve.name == "copy_bandwidth" else nbytes
+        return _interpolate([(p.size, p.si) for p in curve.points], size) / self.bandwidth()
 
     def matmul_curve(self, dtype: str) -> Curve | None:
         cal = self.profile.calibration

@@ -13,7 +13,8 @@ model (costmodel.py):
   the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
   the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
   a ring sends and receives at once), plus a fixed cost each: the calibration's `allreduce_latency`
-  (the GPU suite measures it where several devices exist), else one launch overhead, far too little
+  (the GPU suite measures it over every device of its host, in a loop of back-to-back calls; charged
+  as it is at any TP degree, though more ranks cost more), else one launch overhead, far too little
   (two H200s: TP=2 of Llama-3.2-1B measured slower than one GPU, predicted faster on launches alone).
   Without the figure the communication time is unknown and the option says so.
 - N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch

@@ -129,6 +129,10 @@ class GpuExecutable(Executable):
         self.fallbacks = {k: v for k, v in self.fallbacks.items() if not k.startswith(f"{group_id} @ ")}
         self._captured.clear()
 
+    def candidate_of(self, group_id: str) -> tuple[Any, dict[str, Any]] | None:
+        """(kernel file, config) swapped into `group_id` by swap_kernel, or None for the stock kernel."""
+        return self._candidates.get(group_id)
+
     def launch_of(self, group: PlanGroup, bindings: Mapping[str, int], stock: Launch) -> Launch:
         """The launch a step at `bindings` runs for `group`: a swapped-in launch, else the candidate
         kernel built for this bucket, else `stock`."""

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -622,6 +622,12 @@ class Controller:
         )
         return ready.result() if ready is not None else self._draw(self._reference, prompt_lens, decode_steps)
 
+    def quiet(self) -> None:
+        """Wait for the scenario drawn in the background, so that it takes no host time from a
+        measurement (the timing gates call it first). Its errors surface where it is used."""
+        for ready in list(self._next_scenario.values()):
+            ready.exception()
+
     def _draw(
         self, ref: ReferenceExecutable, prompt_lens: tuple[int, ...], decode_steps: int
     ) -> list[ScenarioStep]:
@@ -629,7 +635,7 @@ class Controller:
         weights and their f32 copies."""
         own = ReferenceExecutable(ref.graph, ref.weights, wide_budget=0)
         own.wide = ref.wide
-        return reference_scenario(own, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps)
+        return reference_scenario(own, ref.graph, prompt_lens=prompt_lens, decode_steps=decode_steps)
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).
@@ -677,7 +683,7 @@ class Controller:
         scenario = self.scenario(prompt_lens, decode_steps, seed)
         blame = {g: p for g, (p, _) in under_test.items()}
         try:
-            result, _ = self.judge_scenario(scenario, blame, group=group, swapped=under_test)
+            result, _ = self.judge_scenario(scenario, blame, group=group, swapped=list(under_test))
         except WorkerLost as lost:
             result = GateResult(model_tolerance(self._dtype()), list(under_test))
             result.faults = self._lost(lost, blame)
@@ -705,14 +711,15 @@ class Controller:
         blame: dict[str, str],
         *,
         group: str | None = None,
-        swapped: Mapping[str, tuple[str, dict[str, Any] | None]] | None = None,
+        swapped: Collection[str] = (),
     ) -> tuple[GateResult, dict[str, Any]]:
         """Run `scenario` in the worker (fresh cache, outputs poisoned) and judge its logits against
         the reference's; no swap back, no record. Also the worker's raw answer (`guard_nonzero`...).
-        Where a step misses the tolerance and `swapped` names the candidates in place (group: path,
-        config), the stock plan runs the same scenario and sets the bar at the steps it misses too
-        (`judge_beside`); its logits come back in the raw answer as `stock_logits`.
-        WorkerLost propagates to the caller, who knows whom to blame."""
+        Where a step misses the tolerance and `swapped` names groups whose candidates are under test,
+        the same scenario runs with those groups on their stock kernels (`stock_logits`; candidates
+        accepted earlier stay in: "stock" is the plan without the ones under test) and sets the bar at
+        the steps it misses too (`judge_beside`); those logits come back in the raw answer as
+        `stock_logits`. WorkerLost propagates to the caller, who knows whom to blame."""
         dtype = self._dtype()
         tol = model_tolerance(dtype)
         r = self._call(
@@ -728,18 +735,14 @@ class Controller:
             result.faults = [Fault(g, p, "run", r["cause"]) for g, p in blame.items()]
         return result, r
 
-    def stock_logits(
-        self, scenario: list[ScenarioStep], swapped: Mapping[str, tuple[str, dict[str, Any] | None]]
-    ) -> list[Any]:
-        """The stock plan's logits over `scenario`: the groups of `swapped` run their stock kernels for
-        it, then get their candidates back (built already, so nothing compiles again)."""
-        for g in swapped:
-            self._call_engine("swap", group=g, path=None)
-        try:
-            r = self._call_engine("verify", steps=_wire(scenario), max_ctx=scenario_ctx(scenario))
-        finally:
-            for g, (path, config) in swapped.items():
-                self._call_engine("swap", group=g, path=path, config=config)
+    def stock_logits(self, scenario: list[ScenarioStep], groups: Collection[str]) -> list[Any]:
+        """The stock plan's logits over `scenario`: one `verify` in which `groups` run their stock
+        kernels, their candidates held aside in the worker and put back after (not loaded again).
+        WorkerLost propagates to the caller, who knows whom to blame."""
+        steps, ctx = _wire(scenario), scenario_ctx(scenario)
+        r = self._call("verify", self.budget_s, steps=steps, max_ctx=ctx, stock_groups=sorted(groups))
+        if "__error__" in r:
+            raise EngineError(f"the stock plan's run failed: {r['__error__']['message']}")
         return _logits(r, len(scenario))
 
     def try_candidate(

@@ -364,8 +364,7 @@ class _Run:
         scenario = self.engine.scenario(seed=self.seed)
         blame = {self.group: self.kernel}
         self.current = QUALITY
-        swapped = {self.group: (self.kernel, self.config)}
-        result, raw = self.engine.judge_scenario(scenario, blame, group=self.group, swapped=swapped)
+        result, raw = self.engine.judge_scenario(scenario, blame, group=self.group, swapped=[self.group])
         self.steps = result.steps
         if "failed_step" in raw:
             quality = Gate(
@@ -426,9 +425,7 @@ class _Run:
         dtype = DType.parse(self.graph.meta.get("dtype", "f32"))
         judged = judge(decodes, after, dtype, tol)
         if not judged.ok and "failed_step" not in r:  # the stock plan over the same steps sets the bar
-            stock = interleaved.get("stock_logits") or self.engine.stock_logits(
-                scenario, {self.group: (self.kernel, self.config)}
-            )
+            stock = interleaved.get("stock_logits") or self.engine.stock_logits(scenario, [self.group])
             judged = judge_beside(decodes, after, stock[len(prefills) :], dtype, tol)
         failure = judged.first_failure()
         if failure is not None or len(judged.steps) < len(decodes):
@@ -446,6 +443,7 @@ class _Run:
     # --- timing --------------------------------------------------------------------------------------
 
     def timing_gates(self, report: GateReport) -> list[Gate]:
+        self.engine.quiet()  # no scenario drawn on the host while the candidate is timed
         covered, detail, measured = self._wall_clock()
         if covered < WALL_CLOCK_FRACTION and "replaced by a candidate" not in measured["timer"]:
             # Not the timer this candidate could have replaced since its swap: something an earlier

@@ -24,7 +24,9 @@ Ops (fields after the op name; every field not marked required has a default):
             the group's spec and swaps the launch in; weights and KV cache stay as they are.
             -> {group, sha256, build_s, swap_s}
   verify    steps (required: [{"seqs": [...], "tokens": int32 [len(seqs), S]}]), batch, max_ctx,
-            group (informational: the group under test, or null for all), fresh (true).
+            group (informational: the group under test, or null for all), fresh (true),
+            stock_groups ([]: these groups run their stock kernel for these steps, and get the
+            candidate they held back afterwards, as built: the stock plan's run of a scenario).
             Runs the steps teacher-forced by the caller with outputs poisoned (NaN before every
             kernel); returns the logits of each step. fresh: on a zeroed cache with new sequences;
             false: on the cache and sequences the previous verify left (across a swap: blocks

@@ -285,6 +285,9 @@ class Worker:
         if poison is not None:
             exe.poison = True  # type: ignore[union-attr]  # a kernel that skips a write shows NaN
         logits: list[np.ndarray] = []
+        # `stock_groups`: the stock plan's run of the same steps, those groups' candidates held aside
+        # (built, not reloaded) and put back after.
+        held = [self._hold_stock(self._group(g)) for g in m.get("stock_groups") or ()]
         try:
             for i, step in enumerate(steps):
                 seqs = [int(s) for s in step["seqs"]]
@@ -304,7 +307,21 @@ class Worker:
         finally:
             if poison is not None:
                 exe.poison = poison  # type: ignore[union-attr]
+            for put_back in held:
+                put_back()
         return {"logits": logits, "guard_nonzero": self._guard_nonzero()}
+
+    def _hold_stock(self, group: PlanGroup) -> Any:
+        """Run `group`'s stock kernel in the slow engine until the returned function puts back what
+        ran there before (the same built candidate: nothing is loaded again)."""
+        exe = self.exe
+        if self._per_bucket():
+            was = exe.candidate_of(group.id)  # type: ignore[union-attr]
+            exe.swap_kernel(group.id, None, None)  # type: ignore[union-attr]
+            return lambda: exe.swap_kernel(group.id, *was) if was else None  # type: ignore[union-attr]
+        launch = self._current_launch(group)
+        exe.swap(group.id, self._stock_launch(group))  # type: ignore[union-attr]
+        return lambda: exe.swap(group.id, launch)  # type: ignore[union-attr]
 
     def op_run_group(self, m: dict[str, Any]) -> dict[str, Any]:
         """One group's launch alone on the caller's inputs, into fresh output buffers prefilled with
@@ -550,7 +567,7 @@ def _stats(times: list[float]) -> dict[str, float]:
     }
 
 
-_FINGERPRINT_CHUNK = 1 << 24  # words per pass, so a large weight never needs a full int64 copy
+_FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, never a weight's copy
 
 
 def _fingerprint(t: Any) -> str:
@@ -562,7 +579,8 @@ def _fingerprint(t: Any) -> str:
 
     flat = t.detach().contiguous().view(-1)
     size = flat.element_size()
-    words = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+    # 8- and 16-byte elements as 4-byte words: folded whole, two sign flips of 8-byte words could cancel.
+    words = flat.view({1: torch.uint8, 2: torch.int16}.get(size, torch.int32))
     total = weighted = 0
     for start in range(0, words.numel(), _FINGERPRINT_CHUNK):
         w = words[start : start + _FINGERPRINT_CHUNK].to(torch.int64)

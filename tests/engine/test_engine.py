@@ -156,6 +156,23 @@ def test_wrong_candidate_is_rejected_and_stock_restored(engine: Controller, tmp_
     assert engine.verify().ok  # later steps match again with the stock kernel back
 
 
+def test_the_stock_plan_runs_beside_a_candidate_without_losing_it(engine: Controller, tmp_path: Path) -> None:
+    """`stock_logits`: the same scenario with the group on its stock kernel, the candidate held aside
+    in the worker and back in place after it, not loaded again."""
+    scenario = engine.scenario(seed=7)
+    stock = engine.stock_logits(scenario, [GROUP])  # nothing swapped in yet: the plan as loaded
+    assert engine.swap(GROUP, candidate(tmp_path, "no_residual", NO_RESIDUAL)).ok
+    swaps = engine.status()["swaps"]
+    beside = engine.stock_logits(scenario, [GROUP])
+    for want, got in zip(stock, beside, strict=True):
+        np.testing.assert_array_equal(got, want)
+    status = engine.status()
+    assert status["groups"][GROUP]["candidate"] and status["swaps"] == swaps  # held, not swapped again
+    result, _ = engine.judge_scenario(scenario, {GROUP: "no_residual"}, swapped=[GROUP])
+    assert not result.ok  # the candidate is back: it forgets the residual, far beyond the stock plan
+    engine.restore(GROUP)
+
+
 def test_unwritten_output_never_passes(engine: Controller, tmp_path: Path) -> None:
     assert engine.swap(GROUP, candidate(tmp_path, "unwritten", UNWRITTEN)).ok
     gate = engine.verify()
