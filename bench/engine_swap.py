@@ -16,6 +16,7 @@ candidates per minute.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -96,9 +97,11 @@ def main() -> int:
             for i in range(args.candidates):
                 path = Path(tmp) / f"candidate_{i}.py"
                 path.write_text(f"# candidate {i} of bench/engine_swap.py\n{source}")
+                engine.wire.clear()
                 t0 = time.perf_counter()
                 swap, report = engine.try_candidate(args.group, path, None)
                 took = time.perf_counter() - t0
+                wire = {op: dataclasses.asdict(w) for op, w in engine.wire.items()}
                 ok = swap.ok and report is not None and report.ok
                 stages = {"swap": swap.round_trip_s, **(report.seconds if report else {})}
                 where = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
@@ -109,7 +112,10 @@ def main() -> int:
                 failed = [g for g in (report.gates if report else []) if g.verdict == "fail"]
                 for g in failed:
                     print(f"    {g.name}: {g.cause}", flush=True)
-                swaps.append({"s": took, "ok": ok, "build_s": swap.build_s, "stages_s": stages,
+                print("    requests: " + "; ".join(
+                    f"{op} x{w['calls']} {w['round_trip_s']:.2f} s ({w['worker_s']:.2f} s in the worker, "
+                    f"{w['bytes'] / 1e6:.1f} MB back)" for op, w in wire.items()), flush=True)  # fmt: skip
+                swaps.append({"s": took, "ok": ok, "build_s": swap.build_s, "stages_s": stages, "requests": wire,
                               "gates": {g.name: [g.verdict, g.cause] for g in (report.gates if report else [])}})  # fmt: skip
                 engine.restore(args.group)
         finally:

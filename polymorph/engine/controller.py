@@ -215,6 +215,17 @@ def scenario_ctx(steps: list[ScenarioStep]) -> int:
     return max(length.values())
 
 
+@dataclass
+class WireTime:
+    """Where the requests of one op went: round trips as the controller saw them (encode, send, the
+    worker's op, the answer's transfer and decode), the time inside the worker's op, answer bytes."""
+
+    calls: int = 0
+    round_trip_s: float = 0.0
+    worker_s: float = 0.0
+    bytes: int = 0
+
+
 def _wire(scenario: list[ScenarioStep]) -> list[dict[str, Any]]:
     """A scenario as the worker's `verify` takes it: what to feed, not what the reference answered."""
     return [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
@@ -263,6 +274,7 @@ class Controller:
         self._next_id = 0
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
+        self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The next fresh scenario per (prompt_lens, decode_steps), drawn on the reference while the
         # current candidate runs its gates (numpy releases the GIL in its matmuls).
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="polymorph-scenario")
@@ -467,6 +479,7 @@ class Controller:
         w = self._alive()
         self._next_id += 1
         rid = self._next_id
+        t0 = time.perf_counter()
         try:
             w.sock.settimeout(timeout)
             w.sock.sendall(protocol.encode(protocol.request(rid, op, **fields)))
@@ -488,6 +501,11 @@ class Controller:
         response = protocol.decode(line)
         if response.get("id") != rid:
             raise EngineError(f"the engine answered request {response.get('id')} to request {rid}")
+        spent = self.wire.setdefault(op, WireTime())
+        spent.calls += 1
+        spent.round_trip_s += time.perf_counter() - t0
+        spent.worker_s += float(response.get("worker_s") or 0.0)
+        spent.bytes += len(line)
         if response.get("ok"):
             return response["result"]
         err = response["error"]

@@ -5,7 +5,7 @@ as the first line of its stdout (`tcp://127.0.0.1:PORT` or `unix:///path/to.sock
 one connection at a time. Every message is one JSON object on one line (UTF-8, `\\n`-terminated).
 
 Request:   {"id": <int>, "op": <op>, ...op fields}
-Response:  {"id": <same int>, "ok": true,  "result": {...}}
+Response:  {"id": <same int>, "ok": true,  "result": {...}, "worker_s": <seconds the op took inside>}
        or  {"id": <same int>, "ok": false, "error": {"kind": <kind>, "message": <text>}}
 
 Arrays (token ids in, logits out) travel as {"__ndarray__": <base64 of the C-ordered bytes>,
@@ -133,8 +133,11 @@ def request(id: int, op: str, **fields: Any) -> dict[str, Any]:
     return {"id": id, "op": op, **fields}
 
 
-def ok(id: Any, result: dict[str, Any]) -> dict[str, Any]:
-    return {"id": id, "ok": True, "result": result}
+def ok(id: Any, result: dict[str, Any], worker_s: float | None = None) -> dict[str, Any]:
+    response = {"id": id, "ok": True, "result": result}
+    if worker_s is not None:
+        response["worker_s"] = worker_s
+    return response
 
 
 def error(id: Any, kind: str, message: str) -> dict[str, Any]:

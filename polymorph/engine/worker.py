@@ -100,6 +100,7 @@ class Worker:
             return protocol.error(rid, "bad_request", f"unknown op {op!r}; ops: {', '.join(protocol.OPS)}")
         if op not in ("load", "status", "shutdown") and self.exe is None:
             return protocol.error(rid, "not_loaded", "no model is loaded; send `load` first")
+        t0 = time.perf_counter()
         try:
             result = getattr(self, f"op_{op}")(message)
         except CandidateError as e:
@@ -110,7 +111,7 @@ class Worker:
             return protocol.error(rid, "bad_request", f"bad `{op}` request: {_cause(e)}")
         except Exception as e:  # a worker bug: report it, keep serving
             return protocol.error(rid, "internal", f"{_cause(e)}\n{traceback.format_exc()}")
-        return protocol.ok(rid, result)
+        return protocol.ok(rid, result, time.perf_counter() - t0)
 
     # --- ops -----------------------------------------------------------------------------------------
 
