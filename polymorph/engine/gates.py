@@ -414,7 +414,9 @@ class _Run:
                         "fail",
                         f"sequence {seq} decodes differently alone than in the batch at {d.name}: {c}",
                     )
-        # Blocks written by the stock kernel before the swap, decoded by the candidate after it.
+        # Blocks written by the stock kernel before the swap, decoded by the candidate after it. A real
+        # swap back (the file loaded afresh), not a held candidate: nothing it kept from the runs above
+        # survives into these decodes, which must read what the cache holds.
         self.request("swap", group=self.group, path=None)
         steps = [{"seqs": s.seqs, "tokens": s.tokens} for s in prefills]
         self.request("verify", steps=steps, max_ctx=scenario_ctx(scenario), group=None)
