@@ -302,3 +302,27 @@ def test_protocol_round_trip() -> None:
     assert protocol.parse_address("unix:///tmp/e.sock") == ("unix", "/tmp/e.sock")
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(b"[1, 2]")
+
+
+def test_input_fingerprints_see_every_small_change() -> None:
+    """The worker's `_fingerprint` (run_group's inputs-unchanged evidence): one changed word, two
+    words swapped, and two sign flips of 8-byte values all show; equal contents agree."""
+    import torch
+
+    from polymorph.engine.worker import _fingerprint
+
+    rng = np.random.default_rng()
+    for dtype in (torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.uint8):
+        x = torch.from_numpy(rng.integers(0, 100, (37, 5))).to(dtype)
+        f = _fingerprint(x)
+        assert f == _fingerprint(x.clone())
+        one = x.clone()
+        one[3, 2] += 1
+        swapped = x.clone()
+        swapped[[0, 1]] = x[[1, 0]]
+        assert _fingerprint(one) != f
+        assert torch.equal(swapped, x) or _fingerprint(swapped) != f
+    y = torch.arange(1.0, 9.0, dtype=torch.float64)
+    flipped = y.clone()
+    flipped[[1, 3]] = -flipped[[1, 3]]  # cancels in a sum of int64 words: not in 4-byte words
+    assert _fingerprint(flipped) != _fingerprint(y)

@@ -659,3 +659,29 @@ def test_embedding_id_outside_the_vocab_is_a_user_error(bad_id: int) -> None:
     table = np.arange(6, dtype=np.float32).reshape(3, 2)
     with pytest.raises(UserError):
         run_single("embedding", {"table": table, "ids": np.array([0, bad_id], dtype=np.int32)})
+
+
+@pytest.mark.parametrize("model", ["llama-tiny", "moe-tiny"])
+def test_f32_weight_copies_change_no_bit_of_a_step(model: str) -> None:
+    """ReferenceExecutable keeps f32 copies of bf16 projection weights (`reference.WIDE_OPS` read
+    them): the logits are the same bits as converting the weights at every call."""
+    from polymorph.models import load_model
+    from polymorph.session import ReferenceExecutable
+
+    m = load_model(model, dtype="bf16")
+    rng = np.random.default_rng()
+    vocab = int(m.graph.params["model.embed_tokens.weight"].shape[0])
+    wide, narrow = (
+        ReferenceExecutable(m.graph, m.weights()),
+        ReferenceExecutable(m.graph, m.weights(), wide_budget=0),
+    )
+    assert wide.wide and not narrow.wide
+    assert all(a.dtype == np.float32 for a in wide.wide.values())
+    for exe in (wide, narrow):
+        exe.allocate_state(4)
+    inputs = {
+        "tokens": rng.integers(0, vocab, (1, 5), dtype=np.int32),
+        "positions": np.arange(5, dtype=np.int32)[None],
+        "block_table": np.array([[1, 2, 3]], dtype=np.int32),
+    }
+    np.testing.assert_array_equal(wide.run(inputs)["logits"], narrow.run(inputs)["logits"])
