@@ -44,11 +44,14 @@ CHILD = textwrap.dedent(
 
 
 # (6, 3): GEMV decode (M = 2) and tl.dot prefill; (5, 3, 7, 2): decode at M = 4, the skinny tl.dot
-# tiles; (40, 33): an 80-row prefill, past FUSED_NORM_MAX_ROWS, so the norm runs as its own kernel.
+# tiles; (40, 33): 40- and 33-row prefills (each sequence prefills alone); (70, 5): a 70-row prefill,
+# past FUSED_NORM_MAX_ROWS, so the norm, the plain projections and the one-pass SwiGLU product
+# (silu_mul.py) run as their own kernels.
 @pytest.mark.parametrize(
     ("name", "prompt_lens"),
-    [("llama-tiny", "6,3"), ("moe-tiny", "6,3"), ("llama-tiny", "5,3,7,2"), ("llama-tiny", "40,33")],
-)
+    [("llama-tiny", "6,3"), ("moe-tiny", "6,3"), ("llama-tiny", "5,3,7,2"), ("llama-tiny", "40,33"),
+     ("llama-tiny", "70,5")],
+)  # fmt: skip
 def test_model_matches_the_reference_under_the_interpreter(name: str, prompt_lens: str) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -648,6 +648,14 @@ def test_on_device(family: str) -> None:
             graph = qkv_graph(dtype, batch, seq, 256, batch == 5, 8, 2, 64, 16)
             where = f"qkv {dtype} B={batch} S={seq} (seed {seed})"
             check(kf, graph, "rmsnorm+qkv+rope+kv_write", target, rng, where, "cuda", configs)
+    kf = kernel("silu_mul", interpret=False)
+    for dtype in DTYPES:  # a 2048-token Llama-3.2-1B prefill's SwiGLU product, and an odd size
+        for shape in [(1, 2048, 8192), (3, 37, 1001)]:
+            g = GraphBuilder("silu_mul")
+            gate, up = g.input("gate", dtype, shape), g.input("up", dtype, shape)
+            g.output("y", g.op("mul", "mul", g.op("silu", "act", gate), up))
+            where = f"silu*mul {dtype} {shape} (seed {seed})"
+            check(kf, g.build(), "silu*mul", target, rng, where, "cuda", kf.configs_for(target))
 
 
 if __name__ == "__main__":
