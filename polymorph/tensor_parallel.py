@@ -13,9 +13,9 @@ Proven here: on CPU over gloo, TP=2 logits equal the single-process plan's (test
 test_tensor_parallel.py). On GPUs the same code runs over NCCL, launched kernel by kernel or, with
 `capture=True`, with the all-reduces inside the step's CUDA graph. On two H200s (BENCHMARKS.md,
 bench/tp_check.py) both ran; TP=2's bf16 logits stay further from the float32 reference than the
-single GPU's (more logits out of tolerance, similar max error). The likely cause, not verified: each
-rank's partial sum is rounded to bf16 before the all-reduce, where one GPU rounds the f32 sum once. An
-f32 all-reduce of the partials would need f32-output projections here; it is not built.
+single GPU's (more logits out of tolerance, similar max error), for a reason not known: each rank's
+partial sum is rounded to bf16 before the all-reduce, where one GPU rounds the f32 sum once, but that
+rounding simulated in the bf16 reference engine barely moved its error (BENCHMARKS.md).
 """
 
 from __future__ import annotations
