@@ -15,7 +15,8 @@ test_tensor_parallel.py). On GPUs the same code runs over NCCL, launched kernel 
 bench/tp_check.py) both ran; TP=2's bf16 logits stay further from the float32 reference than the
 single GPU's (more logits out of tolerance, similar max error), for a reason not known: each rank's
 partial sum is rounded to bf16 before the all-reduce, where one GPU rounds the f32 sum once, but that
-rounding simulated in the bf16 reference engine barely moved its error (BENCHMARKS.md).
+rounding simulated in the bf16 reference engine barely moved its error (BENCHMARKS.md,
+bench/tp_rounding.py), which settles nothing for the GPU plan's larger errors.
 """
 
 from __future__ import annotations
