@@ -334,25 +334,34 @@ def run(
     env: dict[str, Array] = {**params, **inputs, **state}
     bindings = bind_symbols(graph, env)
     types = graph.types()
-    wide = wide or {}
     for node in graph.nodes:
-        attrs = normalize_attrs(OPS[node.op], node.attrs)
-        if node.op in WIDE_OPS and wide:
-            args = [wide[v] if v in wide else env[v] for v in node.inputs]
-        else:
-            args = [env[v] for v in node.inputs]
-        if node.op == "reshape":
-            outs = _reshape(args, attrs, tuple(int(d) for d in bind(attrs["shape"], bindings)))
-        else:
-            outs = REFERENCE[node.op](args, attrs)
-        for value, arr in zip(node.outputs, outs, strict=True):
-            env[value] = _as_type(arr, types[value], bindings, node.name)
+        run_node(node, env, types, bindings, wide)
     for name, value in graph.state_updates.items():
         if env[value] is not state[name]:
             state[name][...] = env[value]
     if trace is not None:
         trace.update(env)
     return {name: env[value] for name, value in graph.outputs.items()}
+
+
+def run_node(
+    node: Any,
+    env: dict[str, Array],
+    types: Mapping[str, TensorType],
+    bindings: Mapping[str, int],
+    wide: Mapping[str, Array] | None = None,
+) -> None:
+    """One node on the values of `env` (by name); its outputs go into `env`, rounded to their types.
+    The ops of WIDE_OPS read a param's f32 copy from `wide` where it has one."""
+    attrs = normalize_attrs(OPS[node.op], node.attrs)
+    wide = wide if wide and node.op in WIDE_OPS else {}
+    args = [wide[v] if v in wide else env[v] for v in node.inputs]
+    if node.op == "reshape":
+        outs = _reshape(args, attrs, tuple(int(d) for d in bind(attrs["shape"], bindings)))
+    else:
+        outs = REFERENCE[node.op](args, attrs)
+    for value, arr in zip(node.outputs, outs, strict=True):
+        env[value] = _as_type(arr, types[value], bindings, node.name)
 
 
 def _as_type(arr: Array, t: TensorType, bindings: Mapping[str, int], where: str) -> Array:

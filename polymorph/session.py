@@ -34,13 +34,16 @@ class ReferenceExecutable(Executable):
         *,
         keep_values: bool = False,
         wide_budget: int = WIDE_BUDGET_BYTES,
+        wide: Mapping[str, np.ndarray] | None = None,
     ) -> None:
+        """`wide`: f32 copies of the weights made already (another reference's, shared), else made
+        here within `wide_budget` bytes."""
         self.graph = graph
         self.weights = dict(weights)
         self.state: dict[str, np.ndarray] = {}
         self.keep_values = keep_values  # keep every value of the last step (for checks that look inside)
         self.last_values: dict[str, np.ndarray] = {}
-        self.wide = _widen(graph, self.weights, wide_budget)
+        self.wide = dict(wide) if wide is not None else _widen(graph, self.weights, wide_budget)
 
     def allocate_state(self, cache_blocks: int) -> None:
         self.state = {

@@ -226,7 +226,7 @@ class WireTime:
     bytes: int = 0
 
 
-def _wire(scenario: list[ScenarioStep]) -> list[dict[str, Any]]:
+def scenario_steps(scenario: list[ScenarioStep]) -> list[dict[str, Any]]:
     """A scenario as the worker's `verify` takes it: what to feed, not what the reference answered."""
     return [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
 
@@ -651,8 +651,7 @@ class Controller:
     ) -> list[ScenarioStep]:
         """A fresh scenario on a reference of its own (the cache is per executable), sharing `ref`'s
         weights and their f32 copies."""
-        own = ReferenceExecutable(ref.graph, ref.weights, wide_budget=0)
-        own.wide = ref.wide
+        own = ReferenceExecutable(ref.graph, ref.weights, wide=ref.wide)
         return reference_scenario(own, ref.graph, prompt_lens=prompt_lens, decode_steps=decode_steps)
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
@@ -741,7 +740,11 @@ class Controller:
         dtype = self._dtype()
         tol = model_tolerance(dtype)
         r = self._call(
-            "verify", self.budget_s, steps=_wire(scenario), max_ctx=scenario_ctx(scenario), group=group
+            "verify",
+            self.budget_s,
+            steps=scenario_steps(scenario),
+            max_ctx=scenario_ctx(scenario),
+            group=group,
         )
         got = _logits(r, len(scenario))
         verdict = judge(scenario, got, dtype, tol)
@@ -757,7 +760,7 @@ class Controller:
         """The stock plan's logits over `scenario`: one `verify` in which `groups` run their stock
         kernels, their candidates held aside in the worker and put back after (not loaded again).
         WorkerLost propagates to the caller, who knows whom to blame."""
-        steps, ctx = _wire(scenario), scenario_ctx(scenario)
+        steps, ctx = scenario_steps(scenario), scenario_ctx(scenario)
         r = self._call("verify", self.budget_s, steps=steps, max_ctx=ctx, stock_groups=sorted(groups))
         if "__error__" in r:
             raise EngineError(f"the stock plan's run failed: {r['__error__']['message']}")

@@ -47,8 +47,7 @@ import numpy as np
 
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
-from polymorph.ir.ops import OPS, normalize_attrs
-from polymorph.ir.shapes import bind, concrete
+from polymorph.ir.shapes import concrete
 from polymorph.kvcache import PagedKVCache
 from polymorph.tolerance import compare, model_tolerance, op_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside
@@ -307,20 +306,8 @@ class _Run:
         }
         by_name = {n.name: n for n in self.graph.nodes}
         for name in self.info["nodes"]:
-            node = by_name[name]
-            attrs = normalize_attrs(OPS[node.op], node.attrs)
-            if node.op in reference.WIDE_OPS:  # their f32 copies, read as the op would widen them
-                args = [wide[v] if v in wide and v in weights else env[v] for v in node.inputs]
-            else:
-                args = [env[v] for v in node.inputs]
-            if node.op == "reshape":
-                shape = tuple(int(d) for d in bind(attrs["shape"], bindings))
-                outs = reference._reshape(args, attrs, shape)
-            else:
-                with np.errstate(over="ignore"):  # exp(-x) of large inputs: inf, and silu(x) = 0 right
-                    outs = reference.REFERENCE[node.op](args, attrs)
-            for value, arr in zip(node.outputs, outs, strict=True):
-                env[value] = reference._as_type(arr, self.types[value], bindings, node.name)
+            with np.errstate(over="ignore"):  # exp(-x) of large inputs: inf, and silu(x) = 0 right
+                reference.run_node(by_name[name], env, self.types, bindings, wide)
         return [np.asarray(env[v]) for v in self.info["outputs"]]
 
     def _allowed(self, case: _Case) -> tuple[float, float]:
@@ -383,7 +370,7 @@ class _Run:
         return [quality, self._kv_isolation(scenario, raw)]
 
     def _kv_isolation(self, scenario: list[ScenarioStep], interleaved: dict[str, Any]) -> Gate:
-        from polymorph.engine.controller import scenario_ctx
+        from polymorph.engine.controller import scenario_ctx, scenario_steps
 
         tol = model_tolerance(DType.parse(self.graph.meta.get("dtype", "f32")))
         if interleaved["guard_nonzero"]:
@@ -398,7 +385,7 @@ class _Run:
                 ScenarioStep(d.name, [seq], d.tokens[row : row + 1], d.want[row : row + 1], None)
                 for d in decodes
             ]
-            steps = [{"seqs": s.seqs, "tokens": s.tokens} for s in alone]
+            steps = scenario_steps(alone)
             r = self.request("verify", steps=steps, max_ctx=scenario_ctx(alone), group=self.group)
             if "failed_step" in r:
                 return Gate(KV_ISOLATION, "fail", f"sequence {seq} alone: the candidate raised {r['cause']}")
@@ -418,10 +405,10 @@ class _Run:
         # swap back (the file loaded afresh), not a held candidate: nothing it kept from the runs above
         # survives into these decodes, which must read what the cache holds.
         self.request("swap", group=self.group, path=None)
-        steps = [{"seqs": s.seqs, "tokens": s.tokens} for s in prefills]
+        steps = scenario_steps(prefills)
         self.request("verify", steps=steps, max_ctx=scenario_ctx(scenario), group=None)
         self.request("swap", group=self.group, path=self.kernel, config=self.config)
-        steps = [{"seqs": s.seqs, "tokens": s.tokens} for s in decodes]
+        steps = scenario_steps(decodes)
         r = self.request("verify", steps=steps, max_ctx=scenario_ctx(scenario), group=self.group, fresh=False)
         after = [np.asarray(x) for x in r["logits"]] + ([str(r["cause"])] if "failed_step" in r else [])
         dtype = DType.parse(self.graph.meta.get("dtype", "f32"))
