@@ -572,10 +572,12 @@ _FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, n
 
 
 def _fingerprint(t: Any) -> str:
-    """Every bit of tensor `t`, folded where it lives: the sum of its words, and of each word times its
-    position (int64, wrapping). Any change of one or two words shows; a candidate would have to craft a
-    change of three or more to hide one. It replaced a sha256 over a host copy, which cost 0.1 s or
-    more per 32 MB weight and ran twice per `run_group`: most of a Llama-3.2-1B candidate's gates."""
+    """Every bit of tensor `t`, folded where it lives: the sum of its words, and the sum of each word
+    times a hashed multiplier of its position (int64, wrapping). A plain position weight missed two
+    swapped rows of equal sums (CI caught it); with hashed multipliers a change of one word always
+    shows and any other change hides only by a 2**-64-scale coincidence or by a candidate that knows
+    the hash. It replaced a sha256 over a host copy, which cost 0.1 s or more per 32 MB weight and ran
+    twice per `run_group`: most of a Llama-3.2-1B candidate's gates."""
     import torch
 
     flat = t.detach().contiguous().view(-1)
@@ -587,9 +589,27 @@ def _fingerprint(t: Any) -> str:
         w = words[start : start + _FINGERPRINT_CHUNK].to(torch.int64)
         at = torch.arange(start + 1, start + 1 + w.numel(), device=w.device, dtype=torch.int64)
         total += int(w.sum())
-        weighted += int((w * at).sum())
+        weighted += int((w * _position_hash(at)).sum())
     mask = (1 << 64) - 1
     return f"{flat.dtype}:{list(t.shape)}:{total & mask:016x}:{weighted & mask:016x}"
+
+
+def _position_hash(at: Any) -> Any:
+    """An odd, well-mixed int64 per position (splitmix64's finaliser, in wrapping int64 arithmetic;
+    the shifts are arithmetic on negative values, which only changes which mix, not its quality)."""
+    h = at * _MIX_GOLDEN
+    h = (h ^ (h >> 30)) * _MIX_A
+    h = (h ^ (h >> 27)) * _MIX_B
+    return (h ^ (h >> 31)) | 1
+
+
+def _signed64(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX_GOLDEN = _signed64(0x9E3779B97F4A7C15)
+_MIX_A = _signed64(0xBF58476D1CE4E5B9)
+_MIX_B = _signed64(0x94D049BB133111EB)
 
 
 def _fill_value(fill: Any, is_float: bool) -> float:

@@ -322,6 +322,9 @@ def test_input_fingerprints_see_every_small_change() -> None:
         swapped[[0, 1]] = x[[1, 0]]
         assert _fingerprint(one) != f
         assert torch.equal(swapped, x) or _fingerprint(swapped) != f
+    # Two rows of equal sums swapped: a plain position weight missed this one (a CI run drew it).
+    rows = torch.tensor([[27, 83, 39, 64, 21], [48, 66, 73, 47, 0], [1, 2, 3, 4, 5]], dtype=torch.int32)
+    assert _fingerprint(rows[[1, 0, 2]]) != _fingerprint(rows)
     y = torch.arange(1.0, 9.0, dtype=torch.float64)
     flipped = y.clone()
     flipped[[1, 3]] = -flipped[[1, 3]]  # cancels in a sum of int64 words: not in 4-byte words
