@@ -48,7 +48,7 @@ from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.ops import Cost
 from polymorph.ir.shapes import concrete, numel
 from polymorph.plan import Plan, PlanGroup
-from polymorph.predict import group_cost
+from polymorph.predict import compute_dtype, group_cost, tensor_bytes
 from polymorph.target import Target
 
 # Per-call overhead when nothing is measured: a GPU kernel launched from the host costs a few
@@ -331,7 +331,7 @@ def predict(
         # The GPU runtime binds a reshape, and a slice whose result is contiguous (a decode step's
         # last-token slice), as a view: no launch, no time.
         if gpu and _binds_as_view(group, by_name, types, bindings):
-            rows.append(KernelRow(group.id, group.pattern, 0.0, 0.0, _compute_dtype(group, types), 0.0, 0.0,
+            rows.append(KernelRow(group.id, group.pattern, 0.0, 0.0, compute_dtype(group, types), 0.0, 0.0,
                                   0.0, 0.0, "view"))  # fmt: skip
             continue
         cost = (costs or {}).get(group.id) or group_cost(graph, group, types, bindings)
@@ -343,7 +343,7 @@ def predict(
                 group.id,
                 group.pattern,
                 cost,
-                _compute_dtype(group, types),
+                compute_dtype(group, types),
                 shape,
                 matrix=bool(ops & MATRIX_OPS),
                 host_ops=(host_ops or {}).get(group.id),
@@ -382,8 +382,8 @@ def _binds_as_view(
 def footprint(plan: Plan) -> Footprint:
     """Memory a step of `plan` needs at its bindings; see FOOTPRINT_METHOD for how."""
     graph, bindings = plan.graph, dict(plan.bindings)
-    weights = sum(_bytes(t, bindings) for t in graph.params.values())
-    kv = sum(_bytes(t, bindings) for t in graph.state.values())
+    weights = sum(tensor_bytes(t, bindings) for t in graph.params.values())
+    kv = sum(tensor_bytes(t, bindings) for t in graph.state.values())
     return Footprint(float(weights), float(kv), float(_peak_activations(plan, graph, bindings)))
 
 
@@ -402,21 +402,10 @@ def _peak_activations(plan: Plan, graph: Graph, bindings: Mapping[str, int]) -> 
     for v, start in first.items():
         if v in aliases or v in graph.params or v in graph.state:
             continue
-        size = _bytes(types[v], bindings)
+        size = tensor_bytes(types[v], bindings)
         for i in range(start, max(last.get(v, start), start) + 1):
             live[i] += size
     return max(live)
-
-
-def _bytes(t: TensorType, bindings: Mapping[str, int]) -> int:
-    return numel(t.shape, bindings) * t.dtype.itemsize
-
-
-def _compute_dtype(group: PlanGroup, types: Mapping[str, TensorType]) -> str:
-    for v in group.inputs:
-        if types[v].dtype.is_float:
-            return types[v].dtype.value
-    return "f32"
 
 
 def _matmul_shape(
@@ -433,9 +422,9 @@ def _matmul_shape(
         x, w = types[node.inputs[0]], types[node.inputs[1]]
         n_out, k = (numel((d,), bindings) for d in w.shape)
         m = numel(x.shape[:-1], bindings)
-        acc = gemms.setdefault((node.inputs[0], m, k), [0.0, _bytes(x, bindings)])
+        acc = gemms.setdefault((node.inputs[0], m, k), [0.0, tensor_bytes(x, bindings)])
         acc[0] += n_out
-        acc[1] += _bytes(w, bindings) + _bytes(types[node.outputs[0]], bindings)
+        acc[1] += tensor_bytes(w, bindings) + tensor_bytes(types[node.outputs[0]], bindings)
     if not gemms:
         return None
     (_, m, k), (n, operands) = max(gemms.items(), key=lambda kv: kv[0][1] * kv[0][2] * kv[1][0])

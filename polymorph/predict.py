@@ -3,7 +3,7 @@ roofline. This is the floor a kernel can reach; the calibrated cost model (costm
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from polymorph.errors import UserError
@@ -25,19 +25,21 @@ def group_cost(graph: Graph, group: PlanGroup, types: dict, bindings: dict[str, 
         cost = node_cost(node, [types[v] for v in node.inputs], [types[v] for v in node.outputs], bindings)
         flops += cost.flops
         # Remove the traffic of values that never leave the fused kernel: written and read on chip.
-        internal = sum(_bytes(types[v], bindings) for v in node.outputs if v in inside)
-        internal += sum(_bytes(types[v], bindings) for v in node.inputs if v in inside)
+        internal = sum(tensor_bytes(types[v], bindings) for v in node.outputs if v in inside)
+        internal += sum(tensor_bytes(types[v], bindings) for v in node.inputs if v in inside)
         nbytes += max(cost.bytes - internal, 0.0)
     return Cost(flops, nbytes)
 
 
-def _bytes(t: Any, bindings: dict[str, int]) -> float:
+def tensor_bytes(t: Any, bindings: Mapping[str, int]) -> int:
+    """Bytes of a value of type `t` at `bindings`."""
     from polymorph.ir.shapes import numel
 
-    return float(numel(t.shape, bindings) * t.dtype.itemsize)
+    return numel(t.shape, bindings) * t.dtype.itemsize
 
 
-def _compute_dtype(graph: Graph, group: PlanGroup, types: dict) -> str:
+def compute_dtype(group: PlanGroup, types: Mapping[str, Any]) -> str:
+    """The dtype a group computes in, for its roofline: its first float input's, else f32."""
     for v in group.inputs:
         if types[v].dtype.is_float:
             return types[v].dtype.value
@@ -69,7 +71,7 @@ def plan_report(
             cost = group_cost(plan.graph, group, types, bindings)
             flops, nbytes = cost.flops, cost.bytes
             try:
-                roof = roofline_seconds(profile, flops, nbytes, _compute_dtype(plan.graph, group, types))
+                roof = roofline_seconds(profile, flops, nbytes, compute_dtype(group, types))
                 predicted, bound = roof.floor_s, roof.bound
             except UserError as e:
                 prediction, total = f"none: {e}", None
