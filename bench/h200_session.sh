@@ -51,9 +51,9 @@ case "$1" in
   prefill)  # issue 3: the 2k prefill, unmeasured since the norm runs unfused above 64 rows (8f25429)
     run prefill 560 python "$ROOT/bench/decode.py" --batch 1 --ctx 1024 --peers reduce-overhead \
       --prefill 2048 --kernels --steps 100 --out "$OUT/prefill.json" ;;
-  moe)  # issue 3: the Mixtral-style MoE points
+  moe)  # issue 3: the Mixtral-style MoE points, with every kernel timed alone (batch 32 was slower)
     run moe 560 python "$ROOT/bench/decode.py" --model mixtral-8x7b --layers 4 --batch 1 32 --ctx 1024 \
-      --peers eager reduce-overhead --out "$OUT/moe.json" ;;
+      --peers eager reduce-overhead --kernels --out "$OUT/moe.json" ;;
   tune)  # issue 6: the 6-minute tune of Llama-3.2-1B at batch 1 (engine start and A/B included)
     run tune 420 python -m polymorph.cli tune llama-3.2-1b --backend cuda --target h200 --batch 1 --ctx 1024 \
       --budget 6m --workers 1 --out /tmp/tuned --registry /tmp/tuned-registry.sqlite
