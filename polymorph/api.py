@@ -150,4 +150,8 @@ def verify(model: str | Path | Model, backend: str | None = None, *, seed: int |
     if hasattr(candidate, "poison"):
         candidate.poison = True  # outputs start as NaN: a kernel that skips writing cannot pass
     stock = ReferenceExecutable(m.graph, m.weights(), keep_values=True)  # router near-ties are checked
-    return verify_executable(candidate, stock, m.graph, seed=seed)
+    # Every position's logits: the reference runs each sequence as one prefill.
+    whole = (
+        ReferenceExecutable(m.rebuild(all_logits=True), m.weights(), wide=stock.wide) if m.config else None
+    )
+    return verify_executable(candidate, stock, m.graph, seed=seed, whole=whole)

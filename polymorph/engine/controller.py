@@ -231,7 +231,7 @@ def scenario_steps(scenario: list[ScenarioStep]) -> list[dict[str, Any]]:
     return [{"seqs": step.seqs, "tokens": step.tokens} for step in scenario]
 
 
-def _logits(r: dict[str, Any], steps: int) -> list[Any]:
+def answer_logits(r: dict[str, Any], steps: int) -> list[Any]:
     """A `verify` answer's logits per step; where the run raised, the error text at that step."""
     got: list[Any] = [np.asarray(logits) for logits in r.get("logits", [])]
     if "failed_step" in r:
@@ -274,6 +274,7 @@ class Controller:
         self._next_id = 0
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
+        self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The next fresh scenario per (prompt_lens, decode_steps), drawn on the reference while the
         # current candidate runs its gates (numpy releases the GIL in its matmuls).
@@ -581,6 +582,8 @@ class Controller:
         if serialize.content_hash(self._model.graph) != self.loaded["graph_hash"]:
             raise EngineError("the worker built a different graph than the controller for the same model")
         self._reference = ReferenceExecutable(self._model.graph, self._model.weights())
+        # Every position's logits: the scenario's reference reads the weights once per sequence.
+        self._whole_graph = self._model.rebuild(all_logits=True) if self._model.config is not None else None
         self._next_scenario.clear()  # drawn on the model loaded before
 
     def groups(self) -> list[str]:
@@ -630,9 +633,7 @@ class Controller:
         a candidate's gates do not wait for the reference."""
         assert self._reference is not None
         if seed is not None:
-            return reference_scenario(
-                self._reference, self.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed
-            )
+            return self._draw(self._reference, prompt_lens, decode_steps, seed)
         key = (tuple(prompt_lens), decode_steps)
         ready = self._next_scenario.pop(key, None)
         self._next_scenario[key] = self._prefetch.submit(
@@ -647,12 +648,22 @@ class Controller:
             ready.exception()
 
     def _draw(
-        self, ref: ReferenceExecutable, prompt_lens: tuple[int, ...], decode_steps: int
+        self,
+        ref: ReferenceExecutable,
+        prompt_lens: tuple[int, ...],
+        decode_steps: int,
+        seed: int | None = None,
     ) -> list[ScenarioStep]:
         """A fresh scenario on a reference of its own (the cache is per executable), sharing `ref`'s
-        weights and their f32 copies."""
+        weights and their f32 copies: one all-logits prefill per sequence where the model has a
+        builder, else step by step."""
         own = ReferenceExecutable(ref.graph, ref.weights, wide=ref.wide)
-        return reference_scenario(own, ref.graph, prompt_lens=prompt_lens, decode_steps=decode_steps)
+        whole = None
+        if self._whole_graph is not None:
+            whole = ReferenceExecutable(self._whole_graph, ref.weights, wide=ref.wide)
+        return reference_scenario(
+            own, ref.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed, whole=whole
+        )
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).
@@ -746,7 +757,7 @@ class Controller:
             max_ctx=scenario_ctx(scenario),
             group=group,
         )
-        got = _logits(r, len(scenario))
+        got = answer_logits(r, len(scenario))
         verdict = judge(scenario, got, dtype, tol)
         if not verdict.ok and swapped and "failed_step" not in r:
             r["stock_logits"] = self.stock_logits(scenario, swapped)
@@ -764,7 +775,7 @@ class Controller:
         r = self._call("verify", self.budget_s, steps=steps, max_ctx=ctx, stock_groups=sorted(groups))
         if "__error__" in r:
             raise EngineError(f"the stock plan's run failed: {r['__error__']['message']}")
-        return _logits(r, len(scenario))
+        return answer_logits(r, len(scenario))
 
     def try_candidate(
         self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None

@@ -370,7 +370,7 @@ class _Run:
         return [quality, self._kv_isolation(scenario, raw)]
 
     def _kv_isolation(self, scenario: list[ScenarioStep], interleaved: dict[str, Any]) -> Gate:
-        from polymorph.engine.controller import scenario_ctx, scenario_steps
+        from polymorph.engine.controller import EngineError, answer_logits, scenario_ctx, scenario_steps
 
         tol = model_tolerance(DType.parse(self.graph.meta.get("dtype", "f32")))
         if interleaved["guard_nonzero"]:
@@ -410,7 +410,10 @@ class _Run:
         self.request("swap", group=self.group, path=self.kernel, config=self.config)
         steps = scenario_steps(decodes)
         r = self.request("verify", steps=steps, max_ctx=scenario_ctx(scenario), group=self.group, fresh=False)
-        after = [np.asarray(x) for x in r["logits"]] + ([str(r["cause"])] if "failed_step" in r else [])
+        try:
+            after = answer_logits(r, len(decodes))
+        except EngineError as e:  # a short answer without a raise: nothing to judge
+            return Gate(KV_ISOLATION, "fail", f"blocks written before the swap: {e}")
         dtype = DType.parse(self.graph.meta.get("dtype", "f32"))
         judged = judge(decodes, after, dtype, tol)
         if not judged.ok and "failed_step" not in r:  # the stock plan over the same steps sets the bar

@@ -205,3 +205,39 @@ def test_api_verify_poisons_the_candidate(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(api, "verify_executable", spy)
     assert api.verify(load_model("llama-tiny"), "cpu", seed=0).ok
     assert seen == [True]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_prefill_per_sequence_gives_the_stepped_scenario(name: str) -> None:
+    """The reference's scenario from one all-logits prefill per sequence (`whole`) equals the same
+    tokens fed step by step: the same steps, tokens and router margins, logits within rounding."""
+    from polymorph.verify.numerics import reference_scenario
+
+    model = load_model(name)
+    seed = fresh_seed()
+    stepped = reference_scenario(ReferenceExecutable(model.graph, model.weights()), model.graph, seed=seed)
+    whole = ReferenceExecutable(model.rebuild(all_logits=True), model.weights())
+    once = reference_scenario(
+        ReferenceExecutable(model.graph, model.weights()), model.graph, seed=seed, whole=whole
+    )
+    assert [s.name for s in once] == [s.name for s in stepped], f"seed {seed}"
+    for a, b in zip(once, stepped, strict=True):
+        assert a.seqs == b.seqs and np.array_equal(a.tokens, b.tokens), f"seed {seed}: {a.name}"
+        assert a.want.shape == b.want.shape, f"seed {seed}: {a.name}"
+        np.testing.assert_allclose(a.want, b.want, rtol=1e-4, atol=1e-4, err_msg=f"seed {seed}: {a.name}")
+        if name in MOE_MODELS:
+            assert a.router_margin == pytest.approx(b.router_margin, rel=1e-3, abs=1e-6), (
+                f"seed {seed}: {a.name}"
+            )
+        else:
+            assert a.router_margin is None and b.router_margin is None
+
+
+def test_whole_must_answer_every_position() -> None:
+    from polymorph.errors import UserError
+    from polymorph.verify.numerics import reference_scenario
+
+    model = load_model("llama-tiny")
+    last_only = ReferenceExecutable(model.graph, model.weights())
+    with pytest.raises(UserError, match="every position"):
+        reference_scenario(ReferenceExecutable(model.graph, model.weights()), model.graph, whole=last_only)
