@@ -98,6 +98,8 @@ def main() -> int:
                 path = Path(tmp) / f"candidate_{i}.py"
                 path.write_text(f"# candidate {i} of bench/engine_swap.py\n{source}")
                 engine.wire.clear()
+                engine.reference_draws_s.clear()
+                engine.reference_wait_s = 0.0
                 t0 = time.perf_counter()
                 swap, report = engine.try_candidate(args.group, path, None)
                 took = time.perf_counter() - t0
@@ -115,7 +117,12 @@ def main() -> int:
                 print("    requests: " + "; ".join(
                     f"{op} x{w['calls']} {w['round_trip_s']:.2f} s ({w['worker_s']:.2f} s in the worker, "
                     f"{w['bytes'] / 1e6:.1f} MB back)" for op, w in wire.items()), flush=True)  # fmt: skip
+                draws = list(engine.reference_draws_s)
+                reference = {"wait_s": engine.reference_wait_s, "draws_s": draws}
+                print(f"    reference scenario: the gates waited {engine.reference_wait_s:.2f} s; draws finished "
+                      f"meanwhile took {', '.join(f'{d:.2f}' for d in draws) or 'none'} s", flush=True)  # fmt: skip
                 swaps.append({"s": took, "ok": ok, "build_s": swap.build_s, "stages_s": stages, "requests": wire,
+                              "reference": reference,
                               "gates": {g.name: [g.verdict, g.cause] for g in (report.gates if report else [])}})  # fmt: skip
                 engine.restore(args.group)
         finally:

@@ -276,6 +276,10 @@ class Controller:
         self._reference: ReferenceExecutable | None = None
         self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
+        # The reference's scenarios since the caller last cleared them: how long each draw took (in
+        # the background or not), and how long the gates waited for one.
+        self.reference_draws_s: list[float] = []
+        self.reference_wait_s = 0.0
         # The next fresh scenario per (prompt_lens, decode_steps), drawn on the reference while the
         # current candidate runs its gates (numpy releases the GIL in its matmuls).
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="polymorph-scenario")
@@ -639,7 +643,15 @@ class Controller:
         self._next_scenario[key] = self._prefetch.submit(
             self._draw, self._reference, prompt_lens, decode_steps
         )
-        return ready.result() if ready is not None else self._draw(self._reference, prompt_lens, decode_steps)
+        t0 = time.perf_counter()
+        try:
+            return (
+                ready.result()
+                if ready is not None
+                else self._draw(self._reference, prompt_lens, decode_steps)
+            )
+        finally:
+            self.reference_wait_s += time.perf_counter() - t0
 
     def quiet(self) -> None:
         """Wait for the scenario drawn in the background, so that it takes no host time from a
@@ -657,13 +669,16 @@ class Controller:
         """A fresh scenario on a reference of its own (the cache is per executable), sharing `ref`'s
         weights and their f32 copies: one all-logits prefill per sequence where the model has a
         builder, else step by step."""
+        t0 = time.perf_counter()
         own = ReferenceExecutable(ref.graph, ref.weights, wide=ref.wide)
         whole = None
         if self._whole_graph is not None:
             whole = ReferenceExecutable(self._whole_graph, ref.weights, wide=ref.wide)
-        return reference_scenario(
+        scenario = reference_scenario(
             own, ref.graph, prompt_lens=prompt_lens, decode_steps=decode_steps, seed=seed, whole=whole
         )
+        self.reference_draws_s.append(time.perf_counter() - t0)
+        return scenario
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).
