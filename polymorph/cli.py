@@ -374,9 +374,12 @@ def cmd_engine_swap(args: argparse.Namespace) -> int:
         raise UserError(f"--config must be a JSON object: {e}") from None
     with Controller.attach(_engine_address(args), budget_s=args.budget) as engine:
         swap, gate = engine.try_candidate(args.group, args.kernel, config, seed=args.seed)
+        replaced = engine.restarts
     if swap.fault is not None:
         raise CheckFailed(f"{args.kernel} rejected at {swap.fault.stage}: {swap.fault.cause}")
     assert gate is not None
+    if replaced:
+        console.line(f"the worker was lost and replaced at the same address ({replaced}x)")
     console.line(
         f"swapped {args.kernel} into {args.group}: build {console.seconds(swap.build_s)}, "
         f"swap {console.seconds(swap.swap_s)}, round trip {console.seconds(swap.round_trip_s)}"

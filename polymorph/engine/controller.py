@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -148,12 +149,14 @@ def start_detached(
     dtype: str | None = None,
     block_size: int | None = None,
     unix: str | Path | None = None,
+    port: int = 0,
     log: str | Path | None = None,
     load_budget_s: float = 600.0,
 ) -> tuple[str, int]:
     """Start a worker that outlives this process (`polymorph engine start`), load `model` into it and
     return (address, pid). Drive it with `Controller.attach(address)`; stop it with its `shutdown`.
-    The worker's stderr goes to `log` (default: <cache dir>/engine/worker-<time>.log)."""
+    It listens on `unix`, else on TCP `port` of 127.0.0.1 (0: any free one). The worker's stderr goes
+    to `log` (default: <cache dir>/engine/worker-<time>.log)."""
     from polymorph.knobs import knobs
 
     if log is None:
@@ -161,7 +164,7 @@ def start_detached(
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "polymorph.engine.worker"]
-    cmd += ["--unix", str(unix)] if unix is not None else ["--port", "0"]
+    cmd += ["--unix", str(unix)] if unix is not None else ["--port", str(port)]
     with open(log, "ab") as err:
         proc = subprocess.Popen(
             cmd,
@@ -204,6 +207,27 @@ def start_detached(
         proc.wait()
         raise UserError(f"the engine could not load {model}: {response['error']['message']}")
     return address, proc.pid
+
+
+def _kill_pid(pid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL a process this one may not have started, and wait until it is gone (reaped by us if it
+    is our child, else by its parent or init)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not ours: gone once signal 0 finds nothing
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.02)
+    raise EngineError(f"the lost engine worker (pid {pid}) did not exit after SIGKILL")
 
 
 def scenario_ctx(steps: list[ScenarioStep]) -> int:
@@ -275,6 +299,7 @@ class Controller:
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
         self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
+        self._attached_pid: int | None = None  # the worker's pid when attached (`attach`), not started
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The reference's scenarios since the caller last cleared them: how long each draw took (in
         # the background or not), and how long the gates waited for one.
@@ -326,23 +351,36 @@ class Controller:
 
     @classmethod
     def attach(cls, address: str, *, budget_s: float = 30.0) -> Controller:
-        """Drive a worker someone else started (`polymorph engine start`). It cannot be restarted from
-        here: a candidate that hangs or kills it is recorded and the engine is reported lost."""
+        """Drive a worker someone else started (`polymorph engine start`) on this machine. A candidate
+        that hangs or kills it is recorded, and the worker is replaced by a fresh one at the same
+        address (`start_detached`, same model, plan bucket and candidates but the blamed one's)."""
         engine = cls(budget_s=budget_s)
         sock, reader = _connect(address, budget_s)
         engine._worker = _Worker(None, sock, reader, address, None)
         status = engine.status()
         if not status.get("loaded"):
             raise EngineError(f"the engine at {address} has no model loaded")
-        engine.loaded = {**status, "groups": status["plan"]}
-        engine.load_args = {
+        engine._attached_pid = int(status["pid"])
+        engine._adopt(status)
+        return engine
+
+    def _adopt(self, status: dict[str, Any]) -> None:
+        """Take over what an attached worker holds: its plan, load arguments and candidates."""
+        self.loaded = {**status, "groups": status["plan"]}
+        bucket = status.get("bucket") or {}
+        self.load_args = {
             "model": status["model"],
+            "backend": status["backend"],
+            "target": status["target"],
+            "batch": bucket.get("batch"),
+            "ctx": bucket.get("ctx"),
             "dtype": status["dtype"],
             "block_size": status["block_size"],
         }
-        engine._build_reference()
-        engine.pending = {g: (e["kernel"], None) for g, e in status["groups"].items() if e["candidate"]}
-        return engine
+        self._build_reference()
+        self.pending = {
+            g: (e["kernel"], e.get("config")) for g, e in status["groups"].items() if e["candidate"]
+        }
 
     @property
     def address(self) -> str:
@@ -419,19 +457,41 @@ class Controller:
     def _restart(self, blamed: Collection[str] = ()) -> None:
         """A fresh worker with the same model and every candidate but the blamed groups' (those that
         passed the gate, and those swapped in but not gated yet)."""
-        if self._worker is not None and self._worker.proc is None:
-            self._kill()
-            raise EngineError("the attached engine was lost; start a new one with `polymorph engine start`")
+        attached = self._worker is not None and self._worker.proc is None
+        address = self._worker.address if self._worker is not None else ""
         self._kill()
         self.restarts += 1
         for group in blamed:
             self.pending.pop(group, None)
             self.accepted.pop(group, None)
-        self._spawn(self.load_args.get("backend") or "cpu")
-        self._call("load", self.load_budget_s, **self.load_args)
+        if attached:
+            self._replace_attached(address)
+        else:
+            self._spawn(self.load_args.get("backend") or "cpu")
+            self._call("load", self.load_budget_s, **self.load_args)
         for group, (path, config) in [*self.accepted.items(), *self.pending.items()]:
             self._call("swap", self.budget_s, group=group, path=path, config=config)
-        self._launch_standby()
+        if not attached:
+            self._launch_standby()
+
+    def _replace_attached(self, address: str) -> None:
+        """Kill an attached worker (by the pid it reported) and start its replacement, detached too,
+        at the same address, so that whoever drives it next finds it where it was."""
+        if self._attached_pid is not None:
+            _kill_pid(self._attached_pid)
+        kind, where = protocol.parse_address(address)
+        args = {k: v for k, v in self.load_args.items() if k not in ("model", "backend", "target")}
+        place = {"unix": where} if kind == "unix" else {"port": int(where[1])}
+        try:
+            address, pid = start_detached(
+                self.load_args["model"], self.load_args["backend"], self.load_args["target"],
+                load_budget_s=self.load_budget_s, **args, **place,
+            )  # fmt: skip
+        except (EngineError, UserError) as e:
+            raise EngineError(f"the attached engine was lost and could not be replaced: {e}") from None
+        self._attached_pid = pid
+        sock, reader = _connect(address, self.budget_s)
+        self._worker = _Worker(None, sock, reader, address, None)
 
     def shutdown(self) -> None:
         """Stop the worker and wait for it; leaves no process behind."""

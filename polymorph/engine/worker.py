@@ -125,6 +125,11 @@ class Worker:
         options = {k: m[k] for k in ("dtype", "block_size") if m.get(k) is not None}
         model = load_model(m["model"], **options)
         backend = m.get("backend") or "cpu"
+        if backend not in ENGINE_BACKENDS:
+            raise UserError(
+                f"the persistent engine runs on the cpu, cuda and rocm backends, not {backend}: its hot "
+                "reload (recompiling one group's HLO through the content-hashed cache) is not built"
+            )
         # The plan only: the executable builds (JIT-compiles) its kernels on load.
         artifact = api.lower(
             model, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
@@ -268,7 +273,12 @@ class Worker:
         self._swap_fast(group, launch, kernel, config)
         t2 = time.perf_counter()
         self.swaps += 1
-        self.current[group.id] = {"kernel": str(path), "sha256": kernel.sha256, "candidate": True}
+        self.current[group.id] = {
+            "kernel": str(path),
+            "sha256": kernel.sha256,
+            "candidate": True,
+            "config": m.get("config"),
+        }
         return {"group": group.id, "sha256": kernel.sha256, "build_s": t1 - t0, "swap_s": t2 - t1}
 
     def op_verify(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -568,6 +578,7 @@ def _stats(times: list[float]) -> dict[str, float]:
     }
 
 
+ENGINE_BACKENDS = ("cpu", "cuda", "rocm")  # the backends with a hot-reload shim in the worker
 _FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, never a weight's copy
 
 
@@ -729,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
         address = protocol.format_address("unix", str(args.unix))
     else:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A replacement worker binds its lost predecessor's port (Controller._restart of an attached
+        # engine), which the predecessor's closed connections still hold in TIME_WAIT.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", args.port))
         address = protocol.format_address("tcp", f"127.0.0.1:{listener.getsockname()[1]}")
     listener.listen(1)

@@ -137,7 +137,12 @@ def test_correct_candidate_passes_without_reloading_weights(engine: Controller, 
     assert gate.ok, gate.first_failure()
     assert len(gate.steps) == 6  # two prefills, four ragged decode steps
     after = engine.status()
-    assert after["groups"][GROUP] == {"kernel": str(swap.kernel), "sha256": swap.sha256, "candidate": True}
+    assert after["groups"][GROUP] == {
+        "kernel": str(swap.kernel),
+        "sha256": swap.sha256,
+        "candidate": True,
+        "config": None,
+    }
     assert after["weight_loads"] == before["weight_loads"] == 1
     assert after["cache_allocations"] == before["cache_allocations"] == 1
     assert after["swaps"] == before["swaps"] + 1
@@ -279,6 +284,48 @@ def test_detached_engine_is_driven_by_attached_controllers(tmp_path: Path) -> No
     assert not alive(pid)
 
 
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+def test_an_attached_engine_survives_a_candidate_that_kills_or_hangs_its_worker(
+    tmp_path: Path, where: str
+) -> None:
+    """`polymorph engine start` + attached controllers (the CLI's way): a candidate that kills or
+    hangs the worker is recorded with its cause; a fresh worker takes the same address with the
+    model and the candidates that passed before, so the next attached controller finds it serving."""
+    unix = tmp_path / "engine.sock" if where == "unix" else None
+    address, pid = start_detached("llama-tiny", "cpu", unix=unix, log=tmp_path / "worker.log")
+    pids = {pid}
+    try:
+        with Controller.attach(address) as engine:
+            swap, gate = engine.try_candidate(OTHER, correct(tmp_path))
+            assert swap.ok and gate is not None and gate.ok
+        for source, how in ((KILLS_PROCESS, "crash"), (HANGS, "hang")):
+            bad = tmp_path / f"bad_{how}.py"
+            bad.write_text(source)
+            with Controller.attach(address, budget_s=5.0) as engine:
+                swap, gate = engine.try_candidate(GROUP, bad)
+                assert gate is not None and not gate.ok
+                assert [(f.group, f.stage) for f in gate.faults] == [(GROUP, how)], gate.faults
+                assert engine.restarts == 1
+            with Controller.attach(address) as engine:
+                status = engine.status()
+                pids.add(status["pid"])
+                assert not status["groups"][GROUP]["candidate"]  # the blamed one is out
+                assert status["groups"][OTHER]["candidate"]  # the one that passed before is back
+                assert engine.measure("slow", 2)["median_s"] > 0
+        assert len(pids) == 3  # two replacements, each a new process
+        assert not any(alive(p) for p in pids - {status["pid"]})  # the lost ones are gone
+        with Controller.attach(address) as engine:
+            engine.shutdown()
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+            try:
+                os.waitpid(p, 0)
+            except ChildProcessError:
+                pass
+
+
 def test_worker_answers_bad_requests_without_a_model() -> None:
     worker = Worker()
     assert worker.handle({"id": 1, "op": "nope"})["error"]["kind"] == "bad_request"
@@ -329,3 +376,10 @@ def test_input_fingerprints_see_every_small_change() -> None:
     flipped = y.clone()
     flipped[[1, 3]] = -flipped[[1, 3]]  # cancels in a sum of int64 words: not in 4-byte words
     assert _fingerprint(flipped) != _fingerprint(y)
+
+
+def test_an_engine_on_a_backend_without_hot_reload_is_refused(tmp_path: Path) -> None:
+    from polymorph.errors import UserError
+
+    with pytest.raises(UserError, match="not neuron"):
+        start_detached("llama-tiny", "neuron", log=tmp_path / "worker.log")
