@@ -459,7 +459,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         batch=args.batch, ctx=args.ctx, budget_s=parse_budget(args.budget), workers=args.workers,
         out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
         agent_command=args.agent_command, agent_endpoint=args.agent_endpoint, agent_model=args.agent_model,
-        agent_api_key=knobs.agent_api_key, agent_calls=args.agent_calls,
+        agent_api_key=knobs.agent_api_key, agent_calls=args.agent_calls, wait_for_posts=args.wait_for_posts,
     )  # fmt: skip
     view = ProgressView()
     try:
@@ -603,6 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--agent-model", default="", help="the model name sent to --agent-endpoint")
     c.add_argument(
         "--agent-calls", type=int, default=1, help="calls per op signature for each external agent"
+    )
+    c.add_argument(
+        "--wait-for-posts",
+        action="store_true",
+        help="measure what agents post to the board (`polymorph board post GROUP KERNEL`) until the "
+        "budget ends, also after the built-in agents run out of ideas",
     )
     from polymorph.search.commands import add_commands
 

@@ -330,6 +330,44 @@ class Board:
             ).fetchone()
         return int(row["id"])
 
+    def adopt(self, candidate: int, group: str, source: str | None = None) -> int:
+        """Re-address an open candidate to node group `group`: a tune run takes a post for a bare
+        group into its scope (`tune.board_group`), so that its workers claim it and the poster's
+        `wait` sees the result. `source`: the kernel file a config-only candidate's config is for
+        (the plan's stock kernel); the candidate becomes that file with that config. Returns
+        `candidate`, or, where the same candidate is on the board at `group` already, that one's id:
+        the posted one is then done, failed, its cause naming the other."""
+        group = _name(group, "the node group id")
+        with self._db.write() as c:
+            row = self._require(c, candidate)
+            if row["state"] != "open":
+                raise UserError(
+                    f"candidate {candidate} is {row['state']}, not open: it cannot be re-addressed"
+                )
+            kind, sha = row["kind"], row["sha256"]
+            if kind == "config" and source is not None:
+                text, sha = as_source_text(source, "the stock kernel's source")
+                c.execute("INSERT OR IGNORE INTO sources VALUES (?, ?)", (sha, text))
+                kind = "kernel"
+            same = c.execute(
+                "SELECT id FROM candidates WHERE sha256 = ? AND config = ? AND group_id = ? AND backend = ? "
+                "AND target = ?",
+                (sha, row["config"], group, row["backend"], row["target"]),
+            ).fetchone()
+            if same is not None:
+                cause = f"the same kernel and config as candidate {same['id']}, measured there"
+                c.execute(
+                    "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (candidate, "board", 0, cause, "{}", "{}", time.time(), row["attempts"]),
+                )
+                c.execute("UPDATE candidates SET state = 'done' WHERE id = ?", (candidate,))
+                return int(same["id"])
+            c.execute(
+                "UPDATE candidates SET group_id = ?, kind = ?, sha256 = ? WHERE id = ?",
+                (group, kind, sha, candidate),
+            )
+            return candidate
+
     # --- workers ---------------------------------------------------------------------------------------
 
     def claim(

@@ -23,7 +23,7 @@ import multiprocessing
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class TuneOptions:
     agent_model: str = ""
     agent_api_key: str | None = None
     agent_calls: int = 1  # calls per op signature and bucket for each external agent
+    wait_for_posts: bool = False  # run to the budget's end for posts by agents outside (`board post`)
 
 
 @dataclass
@@ -265,6 +266,14 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
         opts.out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot write --out {opts.out}: {e.strerror}") from None
+    if opts.wait_for_posts:
+        from polymorph import console
+
+        console.line(
+            f"agents take part with: polymorph board post --board {opts.board or opts.out / 'board.sqlite'} "
+            f"--backend {opts.backend} --target {profile} --kernel FILE [--config JSON] --reasoning TEXT GROUP; "
+            f"then: polymorph board wait ID"
+        )
     reg = Registry(opts.registry or opts.out / "registry.sqlite")
     report = TuneReport(opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s)
     started = time.monotonic()
@@ -326,6 +335,27 @@ class _Run:
             self.tried[p.key] = Outcome(r.ok, median, r.cause)
             news.append((p, r))
         return news
+
+    def adopt_posts(self, by_group: Mapping[str, GroupSpace], sources: Path) -> int:
+        """Take in candidates posted to the board from outside (`polymorph board post GROUP KERNEL`,
+        any agent) for a bare node group of this plan, on this run's backend and chip: each is
+        re-addressed into this run's scope at its signature's representative group and measured as
+        the built-in agents' proposals are. A config-only post is for the plan's stock kernel.
+        Returns how many were taken."""
+        taken = 0
+        for c in self.board.candidates("open"):
+            space = by_group.get(c.group)
+            if space is None or c.backend != self.backend or c.target != self.profile:
+                continue  # scoped already (this run's or another's), or not for this plan
+            stock = space.stock_kernel.read_text() if c.source is None else None
+            kernel = store_source(sources, c.source) if c.source is not None else space.stock_kernel
+            p = Proposal(space.signature, space.group, kernel, dict(c.config), c.agent or "external",
+                         c.reasoning or "posted to the board from outside the tune")  # fmt: skip
+            cid = self.board.adopt(c.id, board_group(space.group, self.scope), source=stock)
+            self.posted.setdefault(cid, p)
+            self.tried.setdefault(p.key, None)
+            taken += 1
+        return taken
 
     @property
     def inflight(self) -> int:
@@ -401,8 +431,10 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     schedule = Schedule(spaces.spaces, [*externals, *builtin_agents(opts.seed)])
     ab_reserve = min(0.25 * budget_s, 120.0)
     deadline = t0 + budget_s - ab_reserve
+    by_group = {g: space for space in spaces.spaces for g in space.groups}
     try:
         while time.monotonic() < deadline:
+            run.adopt_posts(by_group, opts.out / "sources")
             for p, r in run.collect():
                 _record(result, by_sig, stock_ids, run, p, r)
             alive = [p for p in procs if p.is_alive()]
@@ -418,6 +450,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             if (
                 run.inflight == 0
                 and not schedule.waiting
+                and not opts.wait_for_posts
                 and (covered or not schedule.next_batch(run.tried, 1))
             ):
                 break

@@ -94,6 +94,32 @@ def test_duplicates_are_posted_once_and_measured_once(board: Board) -> None:
     assert len(board.results()) == 6
 
 
+def test_adopt_readdresses_an_open_post_into_a_scope(board: Board) -> None:
+    """A tune run takes a post for a bare group into its scope: its workers (group suffix) claim it."""
+    cid = post(board, group="layers.0.attn.norm", agent="outside")
+    assert board.claim("w", lease_s=30, group_suffix="@b1@abc") is None
+    assert board.adopt(cid, "layers.0.attn.norm@b1@abc") == cid
+    c = board.show(cid)
+    assert (c.group, c.state, c.agent, c.source) == ("layers.0.attn.norm@b1@abc", "open", "outside", KERNEL)
+    claimed = board.claim("w", lease_s=30, group_suffix="@b1@abc")
+    assert claimed is not None and claimed.id == cid
+    with pytest.raises(UserError, match="not open"):
+        board.adopt(cid, "elsewhere")
+
+
+def test_adopt_gives_a_config_post_its_kernel_and_sends_a_duplicate_to_the_first(board: Board) -> None:
+    config_only = board.post(group="layers.0.attn.norm", backend="cpu", target="cpu", config={"block": 128})
+    assert board.show(config_only).kind == "config"
+    assert board.adopt(config_only, "layers.0.attn.norm@s", source=KERNEL) == config_only
+    c = board.show(config_only)
+    assert (c.kind, c.source, c.config) == ("kernel", KERNEL, {"block": 128})
+    # The same file and config, posted bare again: it is the adopted one, measured once.
+    again = post(board, group="layers.0.attn.norm")
+    assert board.adopt(again, "layers.0.attn.norm@s") == config_only
+    result = board.wait(again, timeout=0)
+    assert result is not None and not result.ok and f"candidate {config_only}" in result.cause
+
+
 def test_claim_filters_by_backend_and_target(board: Board) -> None:
     cpu = post(board)
     gpu = post(board, backend="cuda", target="h200")

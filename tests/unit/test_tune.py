@@ -130,3 +130,36 @@ def test_the_tune_command_prints_its_report(tmp_path: Path, capsys: pytest.Captu
     assert "# bucket b1-ctx512-1024" in text and "end to end" in text and "plan written" in text
     assert (out / "plan.json").exists() and (out / "tune-report.json").exists()
     assert main(["tune", "llama-tiny", "--budget", "soon", "--out", str(out)]) == 2
+
+
+def test_an_outside_agents_post_is_measured_and_answered(tmp_path: Path) -> None:
+    """`polymorph board post GROUP --kernel FILE` while a tune runs (`wait_for_posts`): the run takes
+    the post into its scope, gates and measures it, and the poster's `board wait` gets the result."""
+    import threading
+
+    from polymorph.kernel_files import kernels_root
+
+    out = tmp_path / "run"
+    kernel = (kernels_root() / "torch" / "linear_residual.py").read_text() + "\n# an outside agent's copy\n"
+    answer: dict = {}
+
+    def outside_agent() -> None:
+        while not (out / "board.sqlite").exists():
+            threading.Event().wait(0.2)
+        board = Board(out / "board.sqlite")
+        cid = board.post(group="layers.1.mlp.down+residual", backend="cpu", target="cpu", source=kernel,
+                         agent="outside", reasoning="the library's kernel, posted from outside")  # fmt: skip
+        answer["result"] = board.wait(cid, timeout=60)
+        answer["candidate"] = board.show(cid)
+        board.close()
+
+    poster = threading.Thread(target=outside_agent)
+    poster.start()
+    report = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=out, trials=3, ab_trials=3,
+                              wait_for_posts=True))  # fmt: skip
+    poster.join(timeout=70)
+    result, candidate = answer.get("result"), answer.get("candidate")
+    assert result is not None, "the post got no result while the tune ran"
+    assert result.ok and result.measurements["median_s"] > 0, result.cause
+    assert candidate.group.startswith("layers.") and "@" in candidate.group  # taken into the run's scope
+    assert report.elapsed_s >= 0.5 * 30  # it ran on for posts past the built-in agents' ideas
