@@ -308,6 +308,25 @@ class Registry:
             row = c.execute("SELECT * FROM champions WHERE key_id = ?", (key.id,)).fetchone()
             return None if row is None else self._champion(c, row)
 
+    def related(self, key: ChampionKey, profiles: Sequence[str]) -> list[Champion]:
+        """Champions of `key`'s op signature under other keys, on one of `profiles` (the chips whose
+        kernels the caller can build): warm starts for a new chip, toolchain or bucket, each to be
+        compiled and re-verified where it goes. Nearest first: the same chip, then the same bucket,
+        then the fastest."""
+        with self._db.read() as c:
+            rows = c.execute(
+                "SELECT * FROM champions WHERE op_signature = ? AND key_id != ?", (key.op_signature, key.id)
+            ).fetchall()
+            found = [self._champion(c, r) for r in rows if r["profile"] in profiles]
+        return sorted(
+            found,
+            key=lambda ch: (
+                ch.key.profile != key.profile,
+                ch.key.bucket != key.bucket,
+                ch.measurement.median_s,
+            ),
+        )
+
     def list(self) -> list[Champion]:
         """Every champion, ordered by op signature, bucket, profile, toolchain."""
         with self._db.read() as c:

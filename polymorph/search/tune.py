@@ -292,6 +292,26 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     return report
 
 
+RELATED_WARM_STARTS = 2  # champions of other chips, toolchains or buckets posted per op signature
+
+
+def kin_profiles(backend: Any) -> list[str]:
+    """The chips whose kernels `backend` can build: those of every backend of its kernel family (cuda
+    and rocm share the Triton library)."""
+    from polymorph.backend import registry as backends
+
+    return [t for name in backends.names() if backends.get(name).family == backend.family
+            for t in backends.get(name).targets]  # fmt: skip
+
+
+def _stored(folder: Path, champ: Champion) -> Path:
+    """A champion's kernel file under `folder`, the files it depends on beside it (where
+    kernel_files.depend looks first)."""
+    for text in champ.shared.values():
+        store_source(folder, text)
+    return store_source(folder, champ.source)
+
+
 def board_group(group: str, scope: str) -> str:
     """The board's group field: the node group qualified by `scope` (the bucket it is measured at and
     the model's graph hash), so the same kernel for the same group name at another bucket or in another
@@ -393,13 +413,19 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         stock_ids[run.post(stock)] = space.signature
         champ = champions[space.signature]
         if champ is not None:
-            path = store_source(opts.out / "sources", champ.source)
-            for text in champ.shared.values():  # beside it, where kernel_files.depend looks first
-                store_source(opts.out / "sources", text)
+            path = _stored(opts.out / "sources", champ)
             space.champion = (path, dict(champ.config))
             run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
                               f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
                               f"when recorded), re-verified here; it came from {champ.agent}: {champ.reasoning}"))  # fmt: skip
+            continue
+        key = ChampionKey(space.signature, bucket_key, profile, tc)
+        for other in reg.related(key, kin_profiles(backend))[:RELATED_WARM_STARTS]:
+            k = other.key
+            run.post(Proposal(space.signature, space.group, _stored(opts.out / "sources", other), other.config,
+                              "registry", f"warm start from the champion of the same op on {k.profile} at {k.bucket} "
+                              f"({k.toolchain}; {other.measurement.median_s * 1e6:.1f} us there), compiled and "
+                              f"re-verified here; it came from {other.agent}: {other.reasoning}"))  # fmt: skip
     covered = spaces.spaces and all(champions[s.signature] is not None for s in spaces.spaces)
     if covered:
         result.skipped = (

@@ -163,6 +163,24 @@ def _offer_many(path: Path, medians: list[float]) -> None:
         reg.offer(champion(m, source=f"{KERNEL}# {m}\n"))
 
 
+def test_related_champions_are_other_keys_of_the_signature_on_buildable_chips(tmp_path: Path) -> None:
+    """Warm starts for a key with no champion: the same op signature elsewhere, nearest first (same
+    chip, then same bucket, then fastest), only on the chips the caller can build for."""
+    reg = Registry(tmp_path / "r.sqlite")
+    other_toolchain = replace(KEY, toolchain="torch 2.13")
+    other_bucket = replace(KEY, bucket="b1-ctx512-1024")
+    other_chip = replace(KEY, profile="h200")
+    for key, median in ((other_chip, 1e-6), (other_bucket, 3e-5), (other_toolchain, 5e-5), (KEY, 4e-5)):
+        reg.offer(champion(median, key))
+    reg.offer(
+        champion(1e-6, replace(KEY, op_signature="rmsnorm(f32[batch,seq,32],f32[32])->(f32[batch,seq,32])"))
+    )
+    assert [c.key for c in reg.related(KEY, ["cpu"])] == [other_toolchain, other_bucket]
+    assert [c.key for c in reg.related(KEY, ["cpu", "h200"])] == [other_toolchain, other_bucket, other_chip]
+    assert reg.related(KEY, ["mi355x"]) == []
+    reg.close()
+
+
 def test_offers_from_two_processes_keep_the_fastest(tmp_path: Path) -> None:
     path = tmp_path / "registry.sqlite"
     Registry(path).offer(champion(1.0))

@@ -87,6 +87,26 @@ def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
     assert any(c.agent == "registry" for c in board.candidates())
     board.close()
 
+    # Champions recorded under another toolchain (a bundle from another machine) warm-start a run here:
+    # posted as candidates, re-verified and measured, not taken on trust.
+    reg = Registry(out / "registry.sqlite")
+    reg.export_bundle(tmp_path / "bundle.json")
+    reg.close()
+    bundle = json.loads((tmp_path / "bundle.json").read_text())
+    for entry in bundle["champions"]:
+        entry["toolchain"] = "torch 0.0 on another machine"
+    (tmp_path / "bundle.json").write_text(json.dumps(bundle))
+    elsewhere = Registry(tmp_path / "elsewhere.sqlite")
+    elsewhere.import_bundle(tmp_path / "bundle.json")
+    elsewhere.close()
+    third = tune(TuneOptions(model="llama-tiny", budget_s=20, workers=1, out=tmp_path / "third",
+                             registry=tmp_path / "elsewhere.sqlite", trials=3, ab_trials=3, lease_s=4))  # fmt: skip
+    assert not third.buckets[0].skipped  # no champion for this toolchain: the search runs
+    board = Board(tmp_path / "third" / "board.sqlite")
+    warm = [c for c in board.candidates() if "warm start from the champion" in c.reasoning]
+    assert warm and all(c.state == "done" and c.result is not None for c in warm)
+    board.close()
+
 
 TRAFFIC = """
 name = "{name}"
