@@ -21,6 +21,14 @@ see `_split_plan` (and `occupancy` for what it gives at a shape).
 
 Every shape is a constexpr (the spec is concrete per traffic bucket) and the tensors are contiguous, so
 the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
+
+Constraints (supports): cuda or rocm; one cache_attention node; q and both caches of one float dtype
+(f32, bf16, f16); block table and positions i32 or i64; 1 <= S <= MAX_SEQ (4) query tokens per
+sequence; concrete heads, kv heads and block size; head dim a power of two in [16, 256].
+
+Config keys: block_n (cache tokens per step of a split), min_split_tokens (the shortest split),
+ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages; waves_per_eu
+on rocm.
 """
 
 from __future__ import annotations

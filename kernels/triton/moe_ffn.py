@@ -28,6 +28,11 @@ input_precision="ieee", so f32 models are not demoted to tf32. An f16 model whos
 Constraints (supports): cuda or rocm; x and the three weights of one float dtype (bf16, f16, f32);
 routing weights f32/bf16/f16, indices i32/i64 (valid expert ids, as the router writes); concrete
 E, F, D, k. Inputs are made contiguous (a no-op for the runtime's buffers).
+
+Config keys (one config sets every path; a launch takes one): gemv_max_slots and small_max_rows pick
+the path; gemv_block_f, gemv_block_d, gemv_block_k, gemv_warps (GEMV); small_block_m, small_block_n,
+small_block_k, small_warps, small_stages (the grouped GEMM's decode tile); block_m, block_n,
+down_block_n, block_k, num_warps, num_stages (its prefill tile); waves_per_eu on rocm.
 """
 
 from __future__ import annotations

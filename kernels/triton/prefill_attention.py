@@ -13,6 +13,14 @@ long causal tiles start before the short ones.
 
 Every shape is a constexpr (the spec is concrete per traffic bucket) and the tensors are contiguous, so
 the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
+
+Constraints (supports): cuda or rocm; one attention or cache_attention node; q, k and v of one float
+dtype (f32, bf16, f16); concrete heads and kv heads; head dim a power of two in [16, 256];
+cache_attention also: block table and positions i32 or i64, a concrete block size, and S > 4 query
+tokens (or a symbolic S, which is prefill's; decode_attention.py takes S <= 4).
+
+Config keys: block_m (queries per program), block_n (keys per step), num_warps, num_stages;
+waves_per_eu on rocm.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Each program holds ROWS tokens' logits ([ROWS, BLOCK_E], E <= 256) and picks the
 argmax, the lowest index winning a tie (the reference's stable descending sort). `topk_softmax`
 (Mixtral) softmaxes the k chosen logits; `softmax_topk` (Qwen3-MoE) softmaxes all E first, picks the
 top k probabilities, and divides by their sum when `normalize` is set. All math is float32.
+
+Constraints (supports): cuda or rocm; one topk_router node; logits f32, bf16 or f16 with a concrete
+expert count E <= 256; weights out f32, indices out i32 or i64; 1 <= k <= min(8, E).
+
+Config keys: rows (tokens per program), num_warps; waves_per_eu on rocm.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ _CUDA_CONFIGS = [
     {"rows": 16, "num_warps": 4},
 ]
 # wave64: one wavefront already spans 64 lanes, so more rows per wave before adding waves.
+# CDNA: one wave64 holds a row of up to 64 experts; waves_per_eu 0 leaves occupancy to the compiler
+# (a few KB of registers a program), not measured on a device.
 _ROCM_CONFIGS = [
-    {"rows": 1, "num_warps": 1},
-    {"rows": 8, "num_warps": 1},
-    {"rows": 32, "num_warps": 4},
+    {"rows": 1, "num_warps": 1, "waves_per_eu": 0},
+    {"rows": 8, "num_warps": 1, "waves_per_eu": 0},
+    {"rows": 32, "num_warps": 4, "waves_per_eu": 2},
 ]
 CONFIGS = _CUDA_CONFIGS
 
@@ -125,14 +132,17 @@ def _constexprs(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _options(config: dict[str, Any]) -> dict[str, Any]:
-    return {"num_warps": config["num_warps"], "num_stages": 1}
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    options = {"num_warps": config["num_warps"], "num_stages": 1}
+    if target.family == "rocm":
+        options["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return options
 
 
 def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     (arg,) = spec.args(spec.single)
     consts = _constexprs(spec, config)
-    options = _options(config)
+    options = _options(config, target)
     experts, rows = consts["E"], consts["ROWS"]
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -174,4 +184,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "n_rows": "i32",
         **{name: "constexpr" for name in consts},
     }
-    return [CompileUnit("topk_router", _topk_router_kernel, signature, consts, _options(config))]
+    return [CompileUnit("topk_router", _topk_router_kernel, signature, consts, _options(config, target))]
