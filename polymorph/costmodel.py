@@ -13,9 +13,11 @@ in log(size) between measured points and flat beyond the ends:
   one input (q, k and v; gate and up) count as one GEMM of their summed N. That measured time already
   streams the GEMM's own operands, so only the group's other traffic (a residual, a norm's weight,
   cache writes) is added, at the read curve's rate for its size.
-- eff_bw(bytes) = bandwidth measured at a buffer of that size / bw: the read curve for attention (it
-  streams the KV cache), the copy curve for norms, elementwise ops and gathers (they write about what
-  they read). It can exceed 1 for buffers that stay in cache, since bw is the large-buffer figure.
+- eff_bw(bytes) = bandwidth measured at a buffer of that size / bw: for decode attention the suite's
+  attention_decode curve (K/V bytes read per second by context) where the calibration has one, else
+  the read curve (it streams the KV cache); the read curve for other matrix work, the copy curve for
+  norms, elementwise ops and gathers (they write about what they read). It can exceed 1 for buffers
+  that stay in cache, since bw is the large-buffer figure.
 - eff_flops for attention = the matmul rate at M = the query rows sharing one KV head (seq x heads /
   kv_heads: grouped-query heads read each K and V row once), K = head_dim; moe_ffn uses the smallest
   M's points (routed experts are matrix-vector work). Other groups run at efficiency 1 on compute:
@@ -223,14 +225,15 @@ class HardwareModel:
 
     def eff_bw(self, nbytes: float, traffic: str = "read") -> float:
         """Measured bandwidth for a kernel that moves `nbytes`, over the sustained figure: the read
-        curve for `traffic` "read", the copy curve for "copy" (each falls back on the other)."""
+        curve for `traffic` "read", the copy curve for "copy" (each falls back on the other), the
+        decode attention curve for "attention" (else the read curve)."""
         cal = self.profile.calibration
-        names = (
-            ("read_bandwidth", "copy_bandwidth")
-            if traffic == "read"
-            else ("copy_bandwidth", "read_bandwidth")
-        )
-        curve = None if cal is None else (cal.curve(names[0]) or cal.curve(names[1]))
+        names = {
+            "read": ("read_bandwidth", "copy_bandwidth"),
+            "copy": ("copy_bandwidth", "read_bandwidth"),
+            "attention": ("attention_decode", "read_bandwidth", "copy_bandwidth"),
+        }[traffic]
+        curve = None if cal is None else next((c for n in names if (c := cal.curve(n)) is not None), None)
         if curve is None or nbytes <= 0:
             return 1.0
         # A copy curve's points are buffer sizes, its traffic twice that (read, then written).
@@ -271,7 +274,7 @@ class HardwareModel:
         rest = max(cost.bytes - operand_bytes, 0.0) if measured_gemm else cost.bytes
         # Attention streams its KV cache (reads); norms, elementwise ops and gathers write about what
         # they read, as a copy does.
-        traffic = "read" if matrix else "copy"
+        traffic = "attention" if pattern == "cache_attention" else "read" if matrix else "copy"
         memory_s = rest / (self.bandwidth() * self.eff_bw(rest, traffic)) if rest > 0 else 0.0
         core_s = compute_s + memory_s if measured_gemm else max(memory_s, compute_s)
         overhead = self.launch_overhead_s * launches

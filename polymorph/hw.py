@@ -176,6 +176,11 @@ _CALIBRATION_KEYS = {
 CURVES: dict[str, tuple[str, str, str]] = {
     "read_bandwidth": ("bytes", "bandwidth", "Read bandwidth by buffer size"),
     "copy_bandwidth": ("bytes", "bandwidth", "Copy bandwidth by buffer size (reads plus writes)"),
+    "attention_decode": (
+        "bytes",
+        "bandwidth",
+        "Decode attention (one query token, grouped-query) by the K and V bytes it reads: the context length",
+    ),
     **{f"matmul.{k}": ("shape", "flops", f"Matmul rate by shape, {k}") for k in PEAK_KEYS},
 }
 _PROVENANCE_KEYS = {"date", "device", "driver", "toolchain", "commit", "command"}

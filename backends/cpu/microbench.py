@@ -9,7 +9,8 @@ What is measured:
 - the cpu executable's own costs (`launch_overhead` per kernel call, `step_overhead` per step), from
   steps of 1 and 17 tiny kernels;
 - curves the cost model interpolates (polymorph/costmodel.py): read and copy bandwidth by buffer size,
-  and matmul rates over decoder-like skinny shapes x[M, K] @ w[N, K]^T (M of 1 to 64, K = N).
+  decode attention's K/V read rate by context length, and matmul rates over decoder-like skinny shapes
+  x[M, K] @ w[N, K]^T (M of 1 to 64, K = N).
 
 Timing is host wall clock (perf_counter_ns): warm-up calls, then the median of repeated trials, and
 the spread (max - min) / median of those trials. Small calls are timed in a loop of several calls per
@@ -43,6 +44,9 @@ MATMUL_WIDTHS = (256, 512, 1024, 2048)  # K = N: hidden sizes of small decoders
 QUICK_MATMUL_ROWS = (1, 16)
 QUICK_MATMUL_WIDTHS = (256, 1024)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+ATTN_CONTEXTS = (256, 1024, 4096, 16384)  # tokens of K and V per decode attention call
+QUICK_ATTN_CONTEXTS = (256, 4096)
+ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM = 32, 8, 64  # Llama-3.2-1B's attention
 _MIN_TRIAL_S = 1e-3  # calls shorter than this are looped within one trial
 COMMAND = "polymorph microbench --backend cpu"
 
@@ -165,6 +169,27 @@ def copy_bandwidth(sizes: Sequence[int], overhead_s: float, trials: int) -> Curv
     )
 
 
+def attention_decode(contexts: Sequence[int], overhead_s: float, trials: int) -> CurveMeasurement:
+    """One decode step's attention of a Llama-3.2-1B-shaped layer (32 query heads sharing 8 kv heads
+    of 64) over `contexts` tokens of f32 K and V: torch SDPA, the K and V bytes read per second."""
+    timings, sizes = [], []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for ctx in contexts:
+        q = torch.randn(1, ATTN_HEADS, 1, ATTN_HEAD_DIM)
+        k, v = (torch.randn(1, ATTN_KV_HEADS, ctx, ATTN_HEAD_DIM) for _ in range(2))
+        timings.append(time_call(lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True), trials))
+        sizes.append(k.nbytes + v.nbytes)
+    return CurveMeasurement.bandwidth(
+        "attention_decode",
+        f"torch SDPA, one query token, {ATTN_HEADS} heads on {ATTN_KV_HEADS} kv heads of {ATTN_HEAD_DIM}, "
+        f"f32 K and V of {contexts[0]}-{contexts[-1]} tokens, K+V bytes / (median of {trials} - call "
+        f"overhead), {_threads()}",
+        sizes,
+        timings,
+        overhead_s,
+    )
+
+
 def matmul_curve(
     key: str, rows: Sequence[int], widths: Sequence[int], overhead_s: float, trials: int
 ) -> CurveMeasurement:
@@ -229,7 +254,8 @@ def _measure(quick: bool) -> SuiteResult:
     kernel_call, step = runtime_overheads(trials)
     read = read_bandwidth(sizes, overhead_s, trials)
     copy = copy_bandwidth(sizes, overhead_s, trials)
-    curves = [read, copy] + [matmul_curve(key, rows, widths, overhead_s, trials) for key in DTYPES]
+    attention = attention_decode(QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS, overhead_s, trials)
+    curves = [read, copy, attention] + [matmul_curve(key, rows, widths, overhead_s, trials) for key in DTYPES]
     largest = copy.values[-1]
     figures = [
         Measurement(

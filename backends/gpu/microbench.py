@@ -9,14 +9,16 @@ What is measured, on device 0:
 - curves the cost model interpolates (polymorph/costmodel.py): read bandwidth (torch.sum over a bf16
   buffer) and copy bandwidth by size, 1 MiB to 1 GiB; GEMV/GEMM rates of torch.nn.functional.linear
   x[M, K] @ w[N, K]^T in bf16 and f16 at M of 1 to 128 over Llama-3.2-1B's (K, N): the attention
-  and MLP projections and the LM head;
+  and MLP projections and the LM head; decode attention (torch SDPA, one query token, grouped-query,
+  bf16 K and V cold in cache) by the K/V bytes of 1k to 64k tokens of context;
 - figures: `memory_bandwidth`, the read bandwidth at the largest size, and `peak.bf16` / `peak.f16`
   from an 8192^3 GEMM;
 - with more than one device: all-reduce bus bandwidth and latency over sizes (NCCL or RCCL, one
-  spawned process per device). These are printed (`SuiteResult.unrecorded`), not written:
-  `interconnect_bandwidth` holds the vendor's link bandwidth per direction (H200: 450 GB/s NVLink),
-  which NCCL's bus bandwidth is measured against but never reaches, and no figure holds a latency.
-  Writing them needs new names in polymorph/hw.py.
+  spawned process per device). The latency of the smallest all-reduce is written
+  (`allreduce_latency`, which `polymorph plan` charges per all-reduce); the bus bandwidth is printed
+  (`SuiteResult.unrecorded`), not written: `interconnect_bandwidth` holds the vendor's link bandwidth
+  per direction (H200: 450 GB/s NVLink), which NCCL's bus bandwidth is measured against but never
+  reaches.
 
 Timing is by device events around a graph replay (backends/gpu/timing.py: `reps` calls captured in one
 CUDA graph, HIP graph on ROCm), after a warm-up of the device and warm replays; each point is the median
@@ -57,6 +59,9 @@ QUICK_MATMUL_ROWS = (1, 16)
 QUICK_MATMUL_WEIGHTS = ((2048, 2048), (2048, 128256))
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 PEAK_SIZE = 8192
+ATTN_CONTEXTS = (1024, 4096, 16384, 65536)  # tokens of K and V per decode attention call
+QUICK_ATTN_CONTEXTS = (1024, 16384)
+ATTN_BATCH, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM = 8, 32, 8, 64  # Llama-3.2-1B's attention
 ALLREDUCE_SIZES = tuple((4 * KIB) << (2 * i) for i in range(10))  # 4 KiB .. 1 GiB
 QUICK_ALLREDUCE_SIZES = (64 * KIB, 16 * MIB)
 LAUNCHES = 200  # tiny kernels per launch-overhead trial
@@ -94,6 +99,9 @@ def run_suite(profile: str, quick: bool = False, allreduce: bool = True) -> Suit
     read = read_bandwidth(sizes, cache, overhead_s, trials, reps)
     copy = copy_bandwidth(sizes, cache, overhead_s, trials, reps)
     matmuls = [matmul_curve(key, rows, weights, cache, overhead_s, trials, reps) for key in DTYPES]
+    attention = attention_decode(
+        QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS, cache, overhead_s, trials, reps
+    )
     figures = [
         Measurement(
             "figures.memory_bandwidth",
@@ -108,7 +116,9 @@ def run_suite(profile: str, quick: bool = False, allreduce: bool = True) -> Suit
     if allreduce and torch.cuda.device_count() > 1:
         bus, latency = allreduce_rates(QUICK_ALLREDUCE_SIZES if quick else ALLREDUCE_SIZES, trials)
         unrecorded = [bus]
-    return SuiteResult(figures, overhead, [read, copy, *matmuls], unrecorded, allreduce_latency=latency)
+    return SuiteResult(
+        figures, overhead, [read, copy, attention, *matmuls], unrecorded, allreduce_latency=latency
+    )
 
 
 def launch_overhead(trials: int, launches: int = LAUNCHES) -> Measurement:
@@ -184,6 +194,35 @@ def copy_bandwidth(
         timings,
         overhead_s,
         passes=2,
+    )
+
+
+def attention_decode(
+    contexts: Sequence[int], cache_bytes: int, overhead_s: float, trials: int, reps: int
+) -> CurveMeasurement:
+    """One decode step's attention of a Llama-3.2-1B-shaped layer (32 query heads sharing 8 kv heads
+    of 64) at batch ATTN_BATCH over `contexts` tokens of bf16 K and V cold in cache: torch SDPA in a
+    graph, the K and V bytes read per second."""
+    timings, sizes = [], []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for ctx in contexts:
+        shape = (ATTN_BATCH, ATTN_KV_HEADS, ctx, ATTN_HEAD_DIM)
+        nbytes = 2 * math.prod(shape) * 2
+        copies = _copies(nbytes, cache_bytes)
+        kv = torch.randn(copies, 2, *shape, dtype=torch.bfloat16, device="cuda")  # [copies, K|V, ...]
+        q = torch.randn(ATTN_BATCH, ATTN_HEADS, 1, ATTN_HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+        call = lambda i, q=q, kv=kv: sdpa(q, kv[i, 0], kv[i, 1], enable_gqa=True)  # noqa: E731
+        timings.append(_graph_timing(call, copies, reps, trials))
+        sizes.append(nbytes)
+        del kv
+    return CurveMeasurement.bandwidth(
+        "attention_decode",
+        f"torch SDPA, one query token, batch {ATTN_BATCH}, {ATTN_HEADS} heads on {ATTN_KV_HEADS} kv heads "
+        f"of {ATTN_HEAD_DIM}, bf16 K and V cold in cache, K+V bytes / (median of {trials} - launch "
+        f"overhead), {_graph_kind()} replay",
+        sizes,
+        timings,
+        overhead_s,
     )
 
 

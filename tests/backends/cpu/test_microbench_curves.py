@@ -38,7 +38,13 @@ def test_the_quick_suite_loads_as_the_cpu_profiles_overlay(calibration_dir: Path
     cpu = hw.load_profile("cpu", calibration_dir)
     cal = cpu.calibration
     assert cal is not None and cal.path == str(calibration_dir / "cpu.toml")
-    assert {c.name for c in cal.curves} == {"read_bandwidth", "copy_bandwidth", "matmul.f32", "matmul.bf16"}
+    assert {c.name for c in cal.curves} == {
+        "read_bandwidth",
+        "copy_bandwidth",
+        "attention_decode",
+        "matmul.f32",
+        "matmul.bf16",
+    }
     for name in ("read_bandwidth", "copy_bandwidth"):
         curve = cal.curve(name)
         assert curve is not None and curve.unit == "GB/s"

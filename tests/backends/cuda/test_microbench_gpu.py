@@ -31,7 +31,15 @@ def test_the_quick_suite_writes_a_calibration_that_loads(profile: str, tmp_path:
     assert cal is not None and cal.device == torch.cuda.get_device_name(0)
     assert {"python", "torch"} <= dict(cal.toolchain).keys()
     assert cal.command == f"polymorph microbench --backend {chip.backend} --target {profile}"
-    assert {c.name for c in cal.curves} == {"read_bandwidth", "copy_bandwidth", "matmul.bf16", "matmul.f16"}
+    assert {c.name for c in cal.curves} == {
+        "read_bandwidth",
+        "copy_bandwidth",
+        "attention_decode",
+        "matmul.bf16",
+        "matmul.f16",
+    }
+    attention = cal.curve("attention_decode")
+    assert attention is not None and len(attention.points) == len(microbench.QUICK_ATTN_CONTEXTS)
     for name in ("read_bandwidth", "copy_bandwidth"):
         curve = cal.curve(name)
         assert curve is not None
