@@ -71,6 +71,7 @@ TIMING_GATES = (WALL_CLOCK, ROOFLINE)
 STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing"}
 
 DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
+CAPTURED = "captured"  # the reference's own activations, from a run of the whole model (the scenario's)
 NEAR_TIE_EPS = 4  # a router margin under this many epsilons may route differently (verify.numerics)
 STOCK_ERROR_FACTOR = 4.0  # a candidate may be this many times less accurate than the stock kernel
 SETTLE_S = 0.05  # how long after a launch returned its outputs must stay as they were
@@ -207,6 +208,15 @@ class _Run:
         self.current = NUMERICS
         self.tainted = False
         self.steps: list[StepCheck] = []
+        self._scenario: list[ScenarioStep] | None = None
+
+    @property
+    def scenario(self) -> list[ScenarioStep]:
+        """This candidate's fresh teacher-forced scenario (drawn once: the captured activations of the
+        group gates and the model gates share it)."""
+        if self._scenario is None:
+            self._scenario = self.engine.scenario(seed=self.seed)
+        return self._scenario
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         r = self.engine.request(op, **fields)
@@ -229,6 +239,9 @@ class _Run:
             return [
                 Gate(n, "skipped", f"not applicable: {e}; the quality gate covers it") for n in GROUP_GATES
             ]
+        captured = self._captured()
+        if captured is not None:
+            draws.append(captured)
         cases: list[_Case] = []
         responses: list[dict[str, Any]] = []
         for shape, dist, inputs, bindings in draws:
@@ -295,6 +308,31 @@ class _Run:
                 raise _Undrawable(f"integer input `{v}` has no known meaning to draw from")
         return inputs, {k: n for k, n in bindings.items() if k in self.graph.symbols()}
 
+    def _captured(self) -> tuple[tuple[int, int], str, list[np.ndarray | None], dict[str, int]] | None:
+        """A case on the activations the reference computed for this group's inputs in a run of the
+        whole model (the scenario's last run, as real tokens give them: not a synthetic distribution),
+        or None where that run has no value of some input (the last-token slice's, say)."""
+        values = next((s.values for s in self.scenario if s.values), None)
+        if not values:
+            return None
+        inputs: list[np.ndarray | None] = []
+        bindings: dict[str, int] = {}
+        for v in self.info["inputs"]:
+            if v in self.graph.params:
+                inputs.append(None)
+                continue
+            t = self.types[v]
+            a = values.get(v)
+            if a is None or np.ndim(a) != len(t.shape):
+                return None
+            for dim, n in zip(t.shape, np.shape(a), strict=True):
+                if isinstance(dim, str) and bindings.setdefault(dim, int(n)) != int(n):
+                    return None  # dims the run bound apart: not one step's values
+            inputs.append(np.array(a, dtype=t.dtype.numpy))  # a copy: a cache write updates in place
+        bindings = {k: n for k, n in bindings.items() if k in self.graph.symbols()}
+        shape = (bindings.get("batch", 1), bindings.get("seq", 1))
+        return shape, CAPTURED, inputs, bindings
+
     def _reference(self, inputs: list[np.ndarray | None], bindings: dict[str, int]) -> list[np.ndarray]:
         from polymorph import reference
 
@@ -338,17 +376,20 @@ class _Run:
                     f"{where}: max error {err:.3g} of the output's row scale, allowed {allowed:.3g} "
                     f"(the stock kernel's: {stock_err:.3g}){_precision_hint(err, dtype)}",
                 )
-        shapes = sorted({c.shape for c in cases})
+        shapes = sorted({c.shape for c in cases if c.dist != CAPTURED})
+        captured = [c.shape for c in cases if c.dist == CAPTURED]
+        also = f"; activations captured from a run of the model at {captured[0]}" if captured else ""
         return Gate(
             NUMERICS,
             "pass",
-            f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} at (batch, seq) {shapes}): worst error {worst:.3g}",
+            f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} at (batch, seq) {shapes}{also}): "
+            f"worst error {worst:.3g}",
         )
 
     # --- the whole model -----------------------------------------------------------------------------
 
     def model_gates(self) -> list[Gate]:
-        scenario = self.engine.scenario(seed=self.seed)
+        scenario = self.scenario
         blame = {self.group: self.kernel}
         self.current = QUALITY
         result, raw = self.engine.judge_scenario(scenario, blame, group=self.group, swapped=[self.group])

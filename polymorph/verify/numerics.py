@@ -13,6 +13,7 @@ at the default scenario: what a 1B-parameter reference spends its time on).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -55,6 +56,9 @@ class ScenarioStep:
     tokens: np.ndarray
     want: np.ndarray
     router_margin: float | None  # the reference's smallest top-k router margin at this step
+    # Every value (inputs, activations, caches) of the reference's run that answered this step, on
+    # one step of a drawn scenario (its last run): real activations for gates that test one group.
+    values: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
 
 def reference_scenario(
@@ -138,6 +142,9 @@ def _run_steps(
             seqs,
             np.stack([t[0, n + i] for t, n in zip(tokens, lens, strict=True)])[:, None],
         )
+    values = dict(getattr(stock, "last_values", {})) or None
+    if values is not None:  # the last step's run
+        steps[-1] = dataclasses.replace(steps[-1], values=values)
     return steps
 
 
@@ -155,15 +162,26 @@ def _run_whole(
             raise UserError(f"`whole` must answer every position's logits, got shape {list(logits.shape)}")
         rows.append(logits[0])
         margins.append(token_margins(graph, getattr(whole, "last_values", {})))
+    values = dict(getattr(whole, "last_values", {})) or None  # the last sequence's run
 
     def margin(seq: int, lo: int, hi: int) -> float | None:
         m = margins[seq]
         return None if m is None else float(m[lo:hi].min())
 
-    steps = [
-        ScenarioStep(_prefill_name(seq, n), [seq], t[:, :n], rows[seq][None, n - 1 : n], margin(seq, 0, n))
-        for seq, (t, n) in enumerate(zip(tokens, lens, strict=True))
-    ]
+    last = len(tokens) - 1
+    steps = []
+    for seq, (t, n) in enumerate(zip(tokens, lens, strict=True)):
+        want = rows[seq][None, n - 1 : n]
+        steps.append(
+            ScenarioStep(
+                _prefill_name(seq, n),
+                [seq],
+                t[:, :n],
+                want,
+                margin(seq, 0, n),
+                values if seq == last else None,
+            )
+        )
     seqs = list(range(len(tokens)))
     for i in range(decode_steps):
         fed = np.stack([t[0, n + i] for t, n in zip(tokens, lens, strict=True)])[:, None]

@@ -139,6 +139,44 @@ def test_every_pattern_of_the_plan_passes_with_its_stock_code(engine: Controller
     assert status["weight_loads"] == 1 and status["cache_allocations"] == 1
 
 
+# Right on every synthetic case's shapes, wrong on a prompt of 7 tokens (the scenario's last sequence,
+# 3 + 4 tokens, which the gates' captured activations come from): only real activations show it here.
+WRONG_AT_SEVEN = """
+IMPLEMENTS = "linear+residual"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return True
+
+
+def build(spec, config, target):
+    lin, add = spec.node("linear"), spec.node("add")
+    x_i, w_i = spec.args(lin)
+    r_i = spec.inputs.index(next(v for v in add.inputs if v != lin.outputs[0]))
+
+    def launch(inputs, outputs, scratch):
+        x, w, r = inputs[x_i], inputs[w_i], inputs[r_i]
+        y = r + x.float() @ w.float().t()
+        outputs[0].copy_((y * (1.5 if x.shape[1] == 7 else 1.0)).reshape(outputs[0].shape))
+
+    return launch
+"""
+
+
+def test_the_numerics_gate_runs_on_activations_captured_from_the_model(
+    engine: Controller, tmp_path: Path
+) -> None:
+    swap, report = engine.try_candidate(GROUP, copy_of("torch/linear_residual.py", tmp_path))
+    assert report is not None and report.ok
+    assert "activations captured from a run of the model at (1, 7)" in report.gate(gates.NUMERICS).cause
+    engine.restore(GROUP)
+    _, report = engine.try_candidate(GROUP, write(tmp_path, "wrong_at_seven", WRONG_AT_SEVEN))
+    assert report is not None and not report.ok
+    numerics = report.gate(gates.NUMERICS)
+    assert numerics.verdict == "fail" and "on captured inputs at batch 1, seq 7" in numerics.cause
+
+
 def test_guard_block_write_is_rejected(engine: Controller, tmp_path: Path) -> None:
     group = "layers.0.attn.k_write"
     stock = engine.status()["groups"][group]
