@@ -82,3 +82,15 @@ class PagedKVCache:
 
     def owned_blocks(self) -> set[int]:
         return {b for blocks in self._blocks.values() for b in blocks}
+
+    def written_slots(self) -> np.ndarray:
+        """[cache_blocks, block_size] bool: the slots that hold a token of some sequence. Everything
+        else (the guard block, blocks no sequence owns, slots past a sequence's last token) is guard
+        region: no kernel may write there."""
+        mask = np.zeros((self.cache_blocks, self.block_size), dtype=bool)
+        for seq, blocks in self._blocks.items():
+            tokens = np.arange(self.length(seq))
+            mask[np.asarray(blocks, dtype=np.int64)[tokens // self.block_size], tokens % self.block_size] = (
+                True
+            )
+        return mask

@@ -71,6 +71,7 @@ TIMING_GATES = (WALL_CLOCK, ROOFLINE)
 STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing"}
 
 DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
+GUARD_WHERE = " (the guard block, blocks no sequence owns, or slots past a sequence's last token)"
 CAPTURED = "captured"  # the reference's own activations, from a run of the whole model (the scenario's)
 NEAR_TIE_EPS = 4  # a router margin under this many epsilons may route differently (verify.numerics)
 STOCK_ERROR_FACTOR = 4.0  # a candidate may be this many times less accurate than the stock kernel
@@ -415,7 +416,11 @@ class _Run:
 
         tol = model_tolerance(DType.parse(self.graph.meta.get("dtype", "f32")))
         if interleaved["guard_nonzero"]:
-            return Gate(KV_ISOLATION, "fail", f"guard block written: {interleaved['guard_nonzero']} elements")
+            return Gate(
+                KV_ISOLATION,
+                "fail",
+                f"cache guard regions written: {interleaved['guard_nonzero']} elements{GUARD_WHERE}",
+            )
         prefills = [s for s in scenario if len(s.seqs) == 1]
         decodes = [s for s in scenario if len(s.seqs) > 1]
         got = [np.asarray(x) for x in interleaved["logits"]]
@@ -431,7 +436,11 @@ class _Run:
             if "failed_step" in r:
                 return Gate(KV_ISOLATION, "fail", f"sequence {seq} alone: the candidate raised {r['cause']}")
             if r["guard_nonzero"]:
-                return Gate(KV_ISOLATION, "fail", f"guard block written: {r['guard_nonzero']} elements")
+                return Gate(
+                    KV_ISOLATION,
+                    "fail",
+                    f"cache guard regions written: {r['guard_nonzero']} elements{GUARD_WHERE}",
+                )
             for i, d in enumerate(decodes):
                 if d.router_margin is not None and d.router_margin < NEAR_TIE_EPS * _eps(self.graph):
                     break  # an MoE router near-tie: batch and alone may route apart; inconclusive from here
@@ -465,7 +474,11 @@ class _Run:
             what = f"{failure.step}: {failure.comparison}" if failure else "too few steps"
             return Gate(KV_ISOLATION, "fail", f"blocks written before the swap decode wrong after it: {what}")
         if r["guard_nonzero"]:
-            return Gate(KV_ISOLATION, "fail", f"guard block written: {r['guard_nonzero']} elements")
+            return Gate(
+                KV_ISOLATION,
+                "fail",
+                f"cache guard regions written: {r['guard_nonzero']} elements{GUARD_WHERE}",
+            )
         return Gate(
             KV_ISOLATION,
             "pass",

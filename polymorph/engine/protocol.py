@@ -32,9 +32,10 @@ Ops (fields after the op name; every field not marked required has a default):
             false: on the cache and sequences the previous verify left (across a swap: blocks
             written by one kernel, decoded by the next; an error after load, measure or reset).
             The worker never sees the expected logits: the controller compares.
-            -> {logits: [array per step], guard_nonzero: elements of the guard block (block 0 of
-               every cache tensor) that are not zero after the steps}; a step that raises ends the
-               list, with {failed_step, cause} added.
+            -> {logits: [array per step], guard_nonzero: elements of the caches' guard regions
+               (the guard block 0, blocks no sequence owns, slots past each sequence's last token)
+               that are not zero after the steps}; a step that raises ends the list, with
+               {failed_step, cause} added.
   run_group group (required), inputs (required: one array per group input, in the group's input
             order; null for a weight: the engine's own weight tensor is used), bindings (required: {symbol: int} for the output shapes), fill ("nan" or a
             number: what the fresh output buffers hold before the launch), stock (false: run the

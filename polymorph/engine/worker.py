@@ -533,8 +533,22 @@ class Worker:
         return PagedKVCache(self.block_size, self.cache_blocks, ctx_blocks)
 
     def _guard_nonzero(self) -> int:
-        """Elements of the guard block, over every cache tensor, that are not zero (NaN counts)."""
-        return sum(int((t[GUARD_BLOCK] != 0).sum()) for t in getattr(self.exe, "state", {}).values())
+        """Elements of the guard regions, over every cache tensor, that are not zero (NaN counts): the
+        guard block, the blocks no sequence of the last verify owns, and the slots past each one's
+        last token (`PagedKVCache.written_slots`; only the guard block without a verify cache)."""
+        import torch
+
+        state = getattr(self.exe, "state", {})
+        cache = self.verify_cache
+        count = 0
+        for t in state.values():
+            if cache is None or tuple(t.shape[:2]) != (cache.cache_blocks, cache.block_size):
+                count += int((t[GUARD_BLOCK] != 0).sum())
+                continue
+            guard = torch.from_numpy(~cache.written_slots()).to(t.device)  # [blocks, block_size]
+            nonzero = (t != 0).reshape(*t.shape[:2], -1).sum(-1)  # per slot
+            count += int(nonzero[guard].sum())
+        return count
 
     def _zero_state(self) -> None:
         for t in getattr(self.exe, "state", {}).values():

@@ -46,6 +46,35 @@ def build(spec, config, target):
     return launch
 """
 
+# Writes its keys or values, and a copy of each sequence's last one into the slot after it (in its
+# own block, past its last token): nothing reads it before the next step overwrites it, but it is a
+# write outside the sequence's slots all the same.
+KV_WRITE_PAST_THE_END = """
+IMPLEMENTS = "kv_write"
+CONFIGS = [{}]
+
+
+def supports(spec):
+    return len(spec.nodes) == 1
+
+
+def build(spec, config, target):
+    cache_i, x_i, table_i, pos_i = spec.args(spec.single)
+
+    def launch(inputs, outputs, scratch):
+        cache = outputs[0]
+        pos = inputs[pos_i].long()
+        x = inputs[x_i].to(cache.dtype)
+        blocks = inputs[table_i].long().gather(1, pos // cache.shape[1])
+        cache[blocks, pos % cache.shape[1]] = x
+        after = pos[:, -1:] + 1  # [batch, 1]
+        inside = (after % cache.shape[1]) != 0  # the same block
+        b = inputs[table_i].long().gather(1, pos[:, -1:] // cache.shape[1])
+        cache[b[inside], (after % cache.shape[1])[inside]] = x[:, -1][inside.squeeze(1)]
+
+    return launch
+"""
+
 # Attends every row of the batch over the first sequence's blocks: right alone, wrong interleaved.
 ATTENTION_FIRST_TABLE = """
 import torch
@@ -183,9 +212,18 @@ def test_guard_block_write_is_rejected(engine: Controller, tmp_path: Path) -> No
     _, report = engine.try_candidate(group, write(tmp_path, "kv_guard", KV_WRITE_INTO_GUARD), seed=6)
     assert report is not None and not report.ok
     kv = report.gate(gates.KV_ISOLATION)
-    assert kv.verdict == "fail" and "guard block written" in kv.cause
+    assert kv.verdict == "fail" and "cache guard regions written" in kv.cause
     assert ("kv_isolation", group) in {(f.stage, f.group) for f in engine.faults}
     assert engine.status()["groups"][group] == stock
+
+
+def test_a_write_past_a_sequences_last_token_is_rejected(engine: Controller, tmp_path: Path) -> None:
+    group = "layers.1.attn.v_write"
+    _, report = engine.try_candidate(group, write(tmp_path, "kv_past_end", KV_WRITE_PAST_THE_END), seed=8)
+    assert report is not None and not report.ok
+    kv = report.gate(gates.KV_ISOLATION)
+    assert kv.verdict == "fail" and "cache guard regions written" in kv.cause, kv.cause
+    assert not engine.status()["groups"][group]["candidate"]
 
 
 def test_interleaved_sequences_must_decode_as_they_do_alone(engine: Controller, tmp_path: Path) -> None:
