@@ -209,6 +209,15 @@ def start_detached(
     return address, proc.pid
 
 
+CANARY_BUDGET_S = 10.0  # the most a canary may take before the worker counts as lost
+
+
+def canary_value(n: int = 64) -> float:
+    """The worker's canary answer (`op_canary`): the sum of A A^T for A[i] = (i % 7) - 3, n x n."""
+    a = (np.arange(n * n) % 7 - 3).astype(np.float64).reshape(n, n)
+    return float((a @ a.T).sum())
+
+
 def _kill_pid(pid: int, wait_s: float = 10.0) -> None:
     """SIGKILL a process this one may not have started, and wait until it is gone (reaped by us if it
     is our child, else by its parent or init)."""
@@ -300,6 +309,7 @@ class Controller:
         self._reference: ReferenceExecutable | None = None
         self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
         self._attached_pid: int | None = None  # the worker's pid when attached (`attach`), not started
+        self._canary_weight: str | None = None  # the canary's weight fingerprint at load
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The reference's scenarios since the caller last cleared them: how long each draw took (in
         # the background or not), and how long the gates waited for one.
@@ -362,6 +372,7 @@ class Controller:
             raise EngineError(f"the engine at {address} has no model loaded")
         engine._attached_pid = int(status["pid"])
         engine._adopt(status)
+        engine._canary_weight = engine._call("canary", budget_s)["weight"]
         return engine
 
     def _adopt(self, status: dict[str, Any]) -> None:
@@ -469,6 +480,8 @@ class Controller:
         else:
             self._spawn(self.load_args.get("backend") or "cpu")
             self._call("load", self.load_budget_s, **self.load_args)
+        if not self.healthy():
+            raise EngineError("a fresh engine worker failed its canary: the device does not compute right")
         for group, (path, config) in [*self.accepted.items(), *self.pending.items()]:
             self._call("swap", self.budget_s, group=group, path=path, config=config)
         if not attached:
@@ -634,8 +647,19 @@ class Controller:
         self.loaded = self._call("load", self.load_budget_s, **self.load_args)
         self.accepted.clear()
         self.pending.clear()
+        self._canary_weight = self._call("canary", self.budget_s)["weight"]  # as loaded, before any candidate
         self._build_reference()
         return self.loaded
+
+    def healthy(self) -> bool:
+        """The worker's canary (a fixed computation on its device and its first weight's fingerprint)
+        gives the known answer: the device context computes right, beyond the process answering. A
+        worker lost on the way is not healthy."""
+        try:
+            r = self._call("canary", min(self.budget_s, CANARY_BUDGET_S))
+        except (WorkerLost, EngineError):
+            return False
+        return r.get("value") == canary_value() and r.get("weight") == self._canary_weight
 
     def _build_reference(self) -> None:
         from polymorph.ir import serialize

@@ -145,10 +145,12 @@ def run_gates(
             continue
         run.current = names[0]
         t0 = time.perf_counter()
+        raised = None
         try:
             gates = stage()
         except _CandidateRaised as e:
             gates = _fail_rest(names, run.current, f"the candidate raised: {e}")
+            raised = e
         except WorkerLost as lost:
             report.gates += _fail_rest(names, run.current, f"{lost.how}: {lost}")
             report.faults.append(Fault(group, kernel, lost.how, f"{run.current}: {lost}"))
@@ -161,6 +163,17 @@ def run_gates(
         report.gates += gates
         report.steps = run.steps
         report.faults += [Fault(group, kernel, g.name, g.cause) for g in gates if g.verdict == "fail"]
+        if raised is not None and not engine.healthy():
+            # It raised and took the device context (or a weight) with it: the worker answers, but
+            # computes wrong. A fresh one, without the candidate.
+            report.faults.append(Fault(group, kernel, "canary", f"{run.current}: the worker failed its canary "
+                                       f"after the candidate raised ({raised}); replaced"))  # fmt: skip
+            engine.replace_worker({group})
+            later = [n for ns, _ in stages for n in ns if n not in {g.name for g in report.gates}]
+            report.gates += [
+                Gate(n, "not run", "the worker was replaced after its canary failed") for n in later
+            ]
+            return report
         if run.tainted:
             # The worker answers, but its weights or its timer were tampered with: nothing it runs
             # counts any more. A fresh one, without the candidate; the gates left have nothing to run.

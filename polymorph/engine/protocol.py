@@ -59,7 +59,11 @@ Ops (fields after the op name; every field not marked required has a default):
                {tier, timer, engine, groups: {id: {median_s, spread_s, total_s}}, bindings, trials}
                (fast)
   status    -> {pid, loaded, model, backend, target, graph_hash, weight_loads, cache_allocations,
-                swaps, groups: {id: {kernel, sha256, candidate}}, plan: [as `load`'s groups]}
+                swaps, groups: {id: {kernel, sha256, candidate, config}}, plan: [as `load`'s groups]}
+  canary    a small fixed computation on the engine's device (a matmul and a reduction of known
+            values, and a read of the first weight's fingerprint): proves the device context still
+            computes right after a candidate raised, not just that the process answers.
+            -> {value: float, weight: fingerprint of the engine's first weight}
   reset     stock kernel back in every group, cache zeroed. -> {restored: [group ids]}
   shutdown  answers {} and the worker exits.
 
@@ -77,7 +81,7 @@ from typing import Any
 
 import numpy as np
 
-OPS = ("load", "swap", "verify", "run_group", "measure", "status", "reset", "shutdown")
+OPS = ("load", "swap", "verify", "run_group", "measure", "status", "canary", "reset", "shutdown")
 ERROR_KINDS = ("bad_request", "not_loaded", "user", "candidate_build", "candidate_run", "internal")
 TIERS = ("fast", "slow")
 

@@ -448,6 +448,19 @@ class Worker:
             "plan": self.plan_groups,
         }
 
+    def op_canary(self, m: dict[str, Any]) -> dict[str, Any]:
+        """A fixed computation on the engine's device whose answer the controller knows (`canary_value`),
+        and the fingerprint of the first weight (the controller knows it from load): a device context
+        that a candidate broke (an illegal address on a GPU) fails here, where `status` still answers."""
+        import torch
+
+        device = getattr(self.exe, "device", None) or "cpu"
+        a = (torch.arange(CANARY_N * CANARY_N, device=device) % 7 - 3).float().reshape(CANARY_N, CANARY_N)
+        value = float((a @ a.T).sum().item())
+        params = getattr(self.exe, "params", {})
+        first = next(iter(sorted(params)), None)
+        return {"value": value, "weight": None if first is None else _fingerprint(params[first])}
+
     def op_reset(self, m: dict[str, Any]) -> dict[str, Any]:
         restored = []
         for gid, entry in list(self.current.items()):
@@ -592,6 +605,7 @@ def _stats(times: list[float]) -> dict[str, float]:
     }
 
 
+CANARY_N = 64  # the canary's matrix: (i % 7) - 3 over CANARY_N x CANARY_N, exact in f32 (and tf32)
 ENGINE_BACKENDS = ("cpu", "cuda", "rocm")  # the backends with a hot-reload shim in the worker
 _FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, never a weight's copy
 

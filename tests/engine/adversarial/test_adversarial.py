@@ -49,6 +49,10 @@ TRICKS = [
     Trick("exits_process.py", gates.NUMERICS, "crash", "the worker died", restarts=1),
     Trick("late_write_thread.py", gates.COMPLETION, gates.COMPLETION, "work still running after return"),
     Trick("low_precision.py", gates.NUMERICS, gates.NUMERICS, "rounding of bf16"),
+    Trick("raises_at_run.py", gates.NUMERICS, gates.NUMERICS, "raised IndexError: tile 3 out of range"),
+    Trick("segfault.py", gates.NUMERICS, "crash", "the worker died", restarts=1),
+    Trick("exhausts_memory.py", gates.NUMERICS, gates.NUMERICS, "allocate"),
+    Trick("breaks_device.py", gates.NUMERICS, "canary", "illegal memory access", restarts=1),
 ]
 
 
