@@ -23,15 +23,23 @@ ROTATE_MAX_BYTES = 4 << 30
 
 def input_copies(ins: Sequence[torch.Tensor], l2_bytes: int) -> list[list[torch.Tensor]]:
     """`ins` and enough clones that the sets together are at least 3x the L2 (capped in count and
-    memory). Tensors that are the same object stay shared within a copy."""
+    memory), each float clone scaled a little (1 + i/64 for copy i): every timed call sees other
+    content, so a kernel that memoizes an answer gains nothing here. Integer tensors (indices,
+    positions, block tables) are cloned as they are. Tensors that are the same object stay shared
+    within a copy."""
     nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in ins}.values())
     want = math.ceil(3 * l2_bytes / max(nbytes, 1))
     copies = max(1, min(ROTATE_MAX_COPIES, want, ROTATE_MAX_BYTES // max(nbytes, 1)))
     sets = [list(ins)]
-    for _ in range(copies - 1):
+    for i in range(1, copies):
         clones: dict[int, torch.Tensor] = {}
-        sets.append([clones.setdefault(id(t), t.clone()) for t in ins])
+        sets.append([clones.setdefault(id(t), _fresh_clone(t, 1 + i / 64)) for t in ins])
     return sets
+
+
+def _fresh_clone(t: torch.Tensor, scale: float) -> torch.Tensor:
+    clone = t.clone()
+    return clone.mul_(scale) if clone.is_floating_point() else clone
 
 
 def graph_seconds(body: Callable[[], None], reps: int, trials: int = 7) -> list[float]:

@@ -48,7 +48,9 @@ Ops (fields after the op name; every field not marked required has a default):
                 in_place: [input indices written in place by design], late: [bool per output]}
   measure   tier ("fast" | "slow"), trials (20), group (fast tier: the group to time; null: all).
             slow: whole decode steps at the loaded bucket (batch, ctx), fresh tokens for every call,
-            the cache restored afterwards. fast: each group's launch alone on one step's inputs, in
+            the cache restored afterwards. fast: each group's launch alone on one step's inputs
+            (rotated with copies whose float activations are scaled a little: no two timed calls in
+            a row see the same content), in
             the fast tier's engine (the model's first FAST_LAYERS layers on the same weights, loaded
             beside the full one when the model has more; swaps reach both) where it has the group,
             else in the full engine; `engine` says which. On a GPU: graph replay, device events.

@@ -5,6 +5,7 @@ engine; a swap reaches both, and a reset restores both."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import shutil
 from importlib import resources
@@ -74,3 +75,39 @@ def test_the_fast_engine_runs_the_swapped_candidate(engine: Controller, tmp_path
     assert timed["groups"][group]["median_s"] >= 0.005
     engine.restore(group)
     assert engine.measure("fast", trials=3, group=group)["groups"][group]["median_s"] < 0.005
+
+
+def test_no_two_timed_calls_in_a_row_see_the_same_inputs(engine: Controller, tmp_path: Path) -> None:
+    """The fast tier rotates its timed calls over input sets of other content: a kernel that keeps its
+    last answer for the same input gains nothing. The candidate logs a fingerprint of its activation
+    input at every call."""
+    log = tmp_path / "calls.txt"
+    source = (kernels_root() / "torch" / "linear_residual.py").read_text()
+    path = tmp_path / "logging_candidate.py"
+    path.write_text(
+        source
+        + f"""
+
+_build = build
+
+
+def build(spec, config, target):
+    launch = _build(spec, config, target)
+    x_i, _ = spec.args(spec.node("linear"))
+
+    def logged(inputs, outputs, scratch):
+        with open({str(log)!r}, "a") as f:
+            f.write(f"{{float(inputs[x_i].double().sum())!r}}\\n")
+        return launch(inputs, outputs, scratch)
+
+    return logged
+"""
+    )
+    group = "layers.0.mlp.down+residual"
+    assert engine.swap(group, path).ok
+    log.unlink(missing_ok=True)
+    engine.measure("fast", 12, group)
+    sums = log.read_text().split()
+    assert len(sums) >= 12
+    assert all(a != b for a, b in itertools.pairwise(sums)), sums
+    engine.restore(group)
