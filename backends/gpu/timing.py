@@ -23,7 +23,7 @@ ROTATE_MAX_BYTES = 4 << 30
 
 def input_copies(ins: Sequence[torch.Tensor], l2_bytes: int) -> list[list[torch.Tensor]]:
     """`ins` and enough clones that the sets together are at least 3x the L2 (capped in count and
-    memory), each float clone scaled a little (1 + i/64 for copy i): every timed call sees other
+    memory), each float clone scaled a little (1 + (i % 8)/64 for copy i): every timed call sees other
     content, so a kernel that memoizes an answer gains nothing here. Integer tensors (indices,
     positions, block tables) are cloned as they are. Tensors that are the same object stay shared
     within a copy."""
@@ -33,7 +33,7 @@ def input_copies(ins: Sequence[torch.Tensor], l2_bytes: int) -> list[list[torch.
     sets = [list(ins)]
     for i in range(1, copies):
         clones: dict[int, torch.Tensor] = {}
-        sets.append([clones.setdefault(id(t), _fresh_clone(t, 1 + i / 64)) for t in ins])
+        sets.append([clones.setdefault(id(t), _fresh_clone(t, 1 + (i % 8) / 64)) for t in ins])
     return sets
 
 
