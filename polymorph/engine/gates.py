@@ -342,6 +342,8 @@ class _Run:
             for dim, n in zip(t.shape, np.shape(a), strict=True):
                 if isinstance(dim, str) and bindings.setdefault(dim, int(n)) != int(n):
                     return None  # dims the run bound apart: not one step's values
+                if isinstance(dim, int) and dim != n:
+                    return None  # the same name for another value (the whole-sequence graph's, unsliced)
             inputs.append(np.array(a, dtype=t.dtype.numpy))  # a copy: a cache write updates in place
         bindings = {k: n for k, n in bindings.items() if k in self.graph.symbols()}
         shape = (bindings.get("batch", 1), bindings.get("seq", 1))
@@ -495,7 +497,7 @@ class _Run:
         return Gate(
             KV_ISOLATION,
             "pass",
-            f"{len(prefills)} sequences alone = interleaved; guard block zero; "
+            f"{len(prefills)} sequences alone = interleaved; cache guard regions zero; "
             f"{len(decodes)} decode steps right over blocks written before the swap",
         )
 
