@@ -23,33 +23,8 @@ from polymorph.reference import run as reference_run
 
 GROUP = "layers.0.mlp.down+residual"
 
-# Writes its keys or values, and also scribbles over the guard block that padded table entries name.
-KV_WRITE_INTO_GUARD = """
-IMPLEMENTS = "kv_write"
-CONFIGS = [{}]
-
-
-def supports(spec):
-    return len(spec.nodes) == 1
-
-
-def build(spec, config, target):
-    cache_i, x_i, table_i, pos_i = spec.args(spec.single)
-
-    def launch(inputs, outputs, scratch):
-        cache = outputs[0]
-        pos = inputs[pos_i].long()
-        blocks = inputs[table_i].long().gather(1, pos // cache.shape[1])
-        cache[blocks, pos % cache.shape[1]] = inputs[x_i].to(cache.dtype)
-        cache[0, 0] = inputs[x_i].reshape(-1, *cache.shape[2:])[-1]
-
-    return launch
-"""
-
-# Writes its keys or values, and a copy of each sequence's last one into the slot after it (in its
-# own block, past its last token): nothing reads it before the next step overwrites it, but it is a
-# write outside the sequence's slots all the same.
-KV_WRITE_PAST_THE_END = """
+# A kv_write kernel file up to its launch's right write, for the two below to add a wrong one to.
+KV_WRITE_HEAD = """
 IMPLEMENTS = "kv_write"
 CONFIGS = [{}]
 
@@ -67,13 +42,30 @@ def build(spec, config, target):
         x = inputs[x_i].to(cache.dtype)
         blocks = inputs[table_i].long().gather(1, pos // cache.shape[1])
         cache[blocks, pos % cache.shape[1]] = x
-        after = pos[:, -1:] + 1  # [batch, 1]
+"""
+
+# Writes its keys or values, and also scribbles over the guard block that padded table entries name.
+KV_WRITE_INTO_GUARD = (
+    KV_WRITE_HEAD
+    + """        cache[0, 0] = x.reshape(-1, *cache.shape[2:])[-1]
+
+    return launch
+"""
+)
+
+# Writes its keys or values, and a copy of each sequence's last one into the slot after it (in its
+# own block, past its last token): nothing reads it before the next step overwrites it, but it is a
+# write outside the sequence's slots all the same.
+KV_WRITE_PAST_THE_END = (
+    KV_WRITE_HEAD
+    + """        after = pos[:, -1:] + 1  # [batch, 1]
         inside = (after % cache.shape[1]) != 0  # the same block
         b = inputs[table_i].long().gather(1, pos[:, -1:] // cache.shape[1])
         cache[b[inside], (after % cache.shape[1])[inside]] = x[:, -1][inside.squeeze(1)]
 
     return launch
 """
+)
 
 # Attends every row of the batch over the first sequence's blocks: right alone, wrong interleaved.
 ATTENTION_FIRST_TABLE = """
