@@ -11,7 +11,7 @@ Every op computes in fp32 and rounds once to its output dtype, as the reference 
   last axis (the lm_head's vocab).
 - cast: between f32, bf16, f16 and i32 (float -> int truncates toward zero, as numpy's astype).
 
-Config keys: block (flat ops), block_l, block_inner (reductions), num_warps.
+Config keys: block (flat ops), block_l, block_inner (reductions), num_warps; waves_per_eu on rocm.
 Constraints (supports): cuda or rocm; float operands bf16, f16 or f32 (argmax also i32, cast also i32
 either way); rank <= 4 for mul and add; contiguous tensors.
 """
@@ -32,6 +32,23 @@ CONFIGS = [
     {"block": 4096, "block_l": 4096, "block_inner": 1, "num_warps": 8},
     {"block": 256, "block_l": 64, "block_inner": 16, "num_warps": 2},
 ]
+
+# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
+# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
+_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
+    opts = {"num_warps": config["num_warps"]}
+    if target.family == "rocm":
+        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return opts
+
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 _TYPES = {**_FLOATS, "i32": "i32"}
@@ -192,7 +209,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     args = spec.args(node)
     attrs = spec.attrs()
     op = node.op
-    opts = {"num_warps": config["num_warps"]}
+    opts = _options(config, target)
     block = config["block"]
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -241,7 +258,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     x_t = spec.types[node.inputs[0]]
     out_t = spec.types[node.outputs[0]]
     x_ptr, y_ptr = "*" + _TYPES[str(x_t.dtype)], "*" + _TYPES[str(out_t.dtype)]
-    opts = {"num_warps": config["num_warps"], "num_stages": 1}
+    opts = {**_options(config, target), "num_stages": 1}
     block = config["block"]
     if node.op == "cast":
         consts = {"BLOCK": block}

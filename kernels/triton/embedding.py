@@ -5,7 +5,7 @@ vector loads and stores along D. An id outside [0, V) reads nothing and writes z
 raises there (or wraps a negative id, numpy-style), and a kernel cannot raise, so it keeps its reads
 inside the table instead.
 
-Config keys: block_d (columns a program copies), num_warps.
+Config keys: block_d (columns a program copies), num_warps; waves_per_eu on rocm.
 Constraints (supports): cuda or rocm; table and output of one float dtype (bf16, f16, f32); ids i32
 or i64; concrete V and D; contiguous tensors.
 """
@@ -24,6 +24,23 @@ CONFIGS = [
     {"block_d": 512, "num_warps": 2},
     {"block_d": 8192, "num_warps": 8},
 ]
+
+# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
+# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
+_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
+    opts = {"num_warps": config["num_warps"]}
+    if target.family == "rocm":
+        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return opts
+
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 _INTS = {"i32": "i32", "i64": "i64"}
@@ -62,13 +79,13 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     table_i, ids_i = spec.args(spec.single)
     consts = _consts(spec, config)
     grid_d = triton.cdiv(consts["D"], consts["BLOCK_D"])
-    warps = config["num_warps"]
+    opts = _options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         ids = inputs[ids_i]
         tokens = ids.numel()
         if tokens:
-            _embedding[(tokens, grid_d)](inputs[table_i], ids, outputs[0], **consts, num_warps=warps)
+            _embedding[(tokens, grid_d)](inputs[table_i], ids, outputs[0], **consts, **opts)
 
     return launch
 
@@ -85,6 +102,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "out_ptr": ptr,
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [
-        CompileUnit("embedding", _embedding, sig, consts, {"num_warps": config["num_warps"], "num_stages": 1})
-    ]
+    return [CompileUnit("embedding", _embedding, sig, consts, {**_options(config, target), "num_stages": 1})]

@@ -7,7 +7,7 @@ One program copies block columns of one token's row (Hkv * Dh values). A token w
 outside its block table writes nothing (the reference raises there; a kernel keeps its writes inside
 the cache instead). Cache offsets are 64-bit: a pool can exceed 2**31 elements.
 
-Config keys: block (row values a program copies), num_warps.
+Config keys: block (row values a program copies), num_warps; waves_per_eu on rocm.
 Constraints (supports): cuda or rocm; x and cache of one float dtype (bf16, f16, f32); block_table and
 positions i32; concrete block size, heads and head_dim; contiguous tensors.
 """
@@ -26,6 +26,23 @@ CONFIGS = [
     {"block": 256, "num_warps": 1},
     {"block": 4096, "num_warps": 8},
 ]
+
+# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
+# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
+_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
+    opts = {"num_warps": config["num_warps"]}
+    if target.family == "rocm":
+        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return opts
+
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
@@ -67,14 +84,14 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     _, x_i, table_i, pos_i = spec.args(spec.single)
     consts = _consts(spec, config)
     grid_row = triton.cdiv(consts["ROW"], consts["BLOCK"])
-    warps = config["num_warps"]
+    opts = _options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         pos, table = inputs[pos_i], inputs[table_i]
         tokens = pos.numel()
         if tokens:
             _kv_write[(tokens, grid_row)](outputs[0], inputs[x_i], table, pos, pos.shape[-1], table.shape[-1],
-                                          **consts, num_warps=warps)  # fmt: skip
+                                          **consts, **opts)  # fmt: skip
 
     return launch
 
@@ -86,6 +103,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     ptr = "*" + _FLOATS[str(spec.types[spec.single.inputs[0]].dtype)]
     sig = {"cache_ptr": ptr, "x_ptr": ptr, "table_ptr": "*i32", "pos_ptr": "*i32", "S": "i32",
            "CTX_BLOCKS": "i32", **dict.fromkeys(consts, "constexpr")}  # fmt: skip
-    return [
-        CompileUnit("kv_write", _kv_write, sig, consts, {"num_warps": config["num_warps"], "num_stages": 1})
-    ]
+    return [CompileUnit("kv_write", _kv_write, sig, consts, {**_options(config, target), "num_stages": 1})]

@@ -7,7 +7,7 @@ kept in registers; a longer row is read twice (the statistic, then the output; t
 L2). The decode step has few rows, so a row per program at D=2048; the per-head norms have many short
 rows, so several a program.
 
-Config keys: rows, block_d, num_warps.
+Config keys: rows, block_d, num_warps; waves_per_eu on rocm.
 Constraints (supports): cuda or rocm; x, w and the output of one float dtype (bf16, f16, f32);
 concrete D; contiguous tensors.
 """
@@ -29,6 +29,23 @@ CONFIGS = [
     {"rows": 16, "block_d": 128, "num_warps": 4},
     {"rows": 1, "block_d": 256, "num_warps": 2},
 ]
+
+# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
+# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
+_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
+    opts = {"num_warps": config["num_warps"]}
+    if target.family == "rocm":
+        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return opts
+
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
@@ -82,14 +99,14 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     x_i, w_i = spec.args(spec.single)
     eps = float(spec.attrs()["eps"])
     consts = _consts(spec, config)
-    warps = config["num_warps"]
+    opts = _options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         x = inputs[x_i]
         r = x.numel() // consts["D"]
         if r:
             _rmsnorm[(triton.cdiv(r, consts["ROWS"]),)](x, inputs[w_i], outputs[0], r, eps, **consts,
-                                                         num_warps=warps)  # fmt: skip
+                                                         **opts)  # fmt: skip
 
     return launch
 
@@ -107,6 +124,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "eps": "fp32",
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [
-        CompileUnit("rmsnorm", _rmsnorm, sig, consts, {"num_warps": config["num_warps"], "num_stages": 1})
-    ]
+    return [CompileUnit("rmsnorm", _rmsnorm, sig, consts, {**_options(config, target), "num_stages": 1})]

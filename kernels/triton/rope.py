@@ -6,7 +6,7 @@ computed at build time and copied to the device at the first launch on it (befor
 A program rotates block_h heads of one token: both halves of each pair in registers, cos and sin
 computed once per pair in fp32 (libdevice cosf/sinf on NVIDIA: accurate for long-context angles).
 
-Config keys: block_h (heads a program), num_warps.
+Config keys: block_h (heads a program), num_warps; waves_per_eu on rocm.
 Constraints (supports): cuda or rocm; x and the output of one float dtype (bf16, f16, f32); positions
 i32; concrete heads and an even, concrete head_dim; contiguous tensors.
 """
@@ -29,6 +29,23 @@ CONFIGS = [
     {"block_h": 32, "num_warps": 4},
     {"block_h": 1, "num_warps": 1},
 ]
+
+# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
+# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
+_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
+
+
+def configs(target: Any) -> list[dict[str, Any]]:
+    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
+
+
+def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
+    opts = {"num_warps": config["num_warps"]}
+    if target.family == "rocm":
+        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
+    return opts
+
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
@@ -85,7 +102,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     host_inv = torch.from_numpy(rope_inv_freq(consts["DH"], spec.attrs()))
     device_inv: dict[Any, Any] = {}
     grid_h = triton.cdiv(consts["H"], consts["BLOCK_H"])
-    warps = config["num_warps"]
+    opts = _options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         x, pos = inputs[x_i], inputs[pos_i]
@@ -94,7 +111,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
             inv = device_inv[x.device] = host_inv.to(x.device)
         tokens = pos.numel()
         if tokens:
-            _rope[(tokens, grid_h)](x, pos, inv, outputs[0], **consts, num_warps=warps)
+            _rope[(tokens, grid_h)](x, pos, inv, outputs[0], **consts, **opts)
 
     return launch
 
@@ -111,4 +128,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "y_ptr": ptr,
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [CompileUnit("rope", _rope, sig, consts, {"num_warps": config["num_warps"], "num_stages": 1})]
+    return [CompileUnit("rope", _rope, sig, consts, {**_options(config, target), "num_stages": 1})]

@@ -357,9 +357,9 @@ def simple_cases() -> dict[str, Callable[[], None]]:
     def case(name: str, file: str, build: Callable[[DType], Graph], dtype: DType) -> None:
         seed, rng = seeded()
         graph = build(dtype)
-        check(
-            kernel(file, interpret=True), graph, graph.nodes[0].op, CUDA, rng, f"{name} {dtype} (seed {seed})"
-        )
+        for target in (CUDA, ROCM) if dtype == BF16 else (CUDA,):  # bf16 also under each rocm config
+            where = f"{name} {dtype} {target} (seed {seed})"
+            check(kernel(file, interpret=True), graph, graph.nodes[0].op, target, rng, where)
 
     def silu_mul_case(dtype: DType, up_first: bool) -> None:
         """The SwiGLU product alone (the GPU prefill's pattern), either operand order, an odd size."""
