@@ -14,9 +14,10 @@ model (costmodel.py):
   the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
   a ring sends and receives at once), plus a fixed cost each: the calibration's `allreduce_latency`
   (the GPU suite measures it over every device of its host, in a loop of back-to-back calls; charged
-  as it is at any TP degree, though more ranks cost more), else one launch overhead, far too little
-  (two H200s: TP=2 of Llama-3.2-1B measured slower than one GPU, predicted faster on launches alone).
-  Without the figure the communication time is unknown and the option says so.
+  as it is at any TP degree, though more ranks cost more), else an assumed ASSUMED_ALLREDUCE_LATENCY_S
+  (one launch overhead was far too little: two H200s ran TP=2 of Llama-3.2-1B slower than one GPU
+  where launches alone predicted it faster), and the option says it is assumed.
+  Without the bandwidth figure the communication time is unknown and the option says so.
 - N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch
   per step.
 - Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations)
@@ -245,7 +246,8 @@ def _option(
     if tp > 1 and rows is None:
         reasons.append("all-reduce time unknown (no interconnect figure): the step leaves it out")
     elif tp > 1:
-        reasons.append(f"{len(rows or ())} all-reduces take {console.seconds(allreduce_s)}")
+        basis = allreduce_latency(profile)[1]
+        reasons.append(f"{len(rows or ())} all-reduces take {console.seconds(allreduce_s)} ({basis})")
     if fits is None:
         reasons.append(f"memory capacity of `{profile.id}` unknown")
     elif not fits:
@@ -285,6 +287,14 @@ def _layout(cfg: ModelConfig, tp: int, ep: int, devices: int) -> str:
     return f"heads, kv heads and {width} split {tp} ways (TP={tp}){copies}"
 
 
+# The fixed cost of one small all-reduce where no calibration measured it. From the 2 x H200 run of
+# BENCHMARKS.md (470d4a1, bench/tp_check.py, batch 1): TP=2 graph replay 1.87 ms against 1.72 ms on one
+# GPU, both host-timed with ~0.7 ms of copies (one GPU's device time was 1.01 ms); TP=2's kernels
+# predicted at 0.71x one GPU's leave ~0.45 ms for its 32 all-reduces: ~14 us each. A derived figure,
+# not a measurement of the all-reduce itself.
+ASSUMED_ALLREDUCE_LATENCY_S = 15e-6
+
+
 def _allreduce_rows(
     cfg: ModelConfig, profile: Profile, tp: int, batch: int, dtype: DType
 ) -> list[KernelRow] | None:
@@ -297,10 +307,8 @@ def _allreduce_rows(
     nbytes = batch * cfg.hidden_size * dtype.itemsize
     moved = 2.0 * (tp - 1) / tp * nbytes
     # A measured small all-reduce (the suite on several devices) is its fixed cost: launch, the
-    # handshake between devices, the sync. Without one, a kernel launch, which is far too little.
-    cal = profile.calibration
-    measured = cal.allreduce_latency if cal is not None else None
-    overhead = measured.si if measured is not None else HardwareModel(profile).launch_overhead_s
+    # handshake between devices, the sync. Without one, the assumed figure.
+    overhead = allreduce_latency(profile)[0]
     rows = []
     for layer in range(cfg.num_hidden_layers):
         for where in ("attn.o", "mlp.down"):
@@ -352,6 +360,17 @@ def _expert_parallel_costs(plan: Plan, ep: int) -> dict[str, Cost]:
     return out
 
 
+def allreduce_latency(profile: Profile) -> tuple[float, str]:
+    """(seconds, where the figure comes from) of one small all-reduce's fixed cost on `profile`."""
+    cal = profile.calibration
+    measured = cal.allreduce_latency if cal is not None else None
+    if measured is not None:
+        return measured.si, f"{console.seconds(measured.si)} latency each, measured"
+    return ASSUMED_ALLREDUCE_LATENCY_S, (
+        f"{console.seconds(ASSUMED_ALLREDUCE_LATENCY_S)} latency each, assumed: no calibration measured it"
+    )
+
+
 def _choose(options: list[ParallelOption], by_throughput: bool) -> list[ParallelOption]:
     feasible = [o for o in options if o.fits is not False and o.meets_target is not False]
     if not feasible:
@@ -361,7 +380,9 @@ def _choose(options: list[ParallelOption], by_throughput: bool) -> list[Parallel
         why = "chosen: highest throughput that fits and meets the target"
     else:
         best = min(feasible, key=lambda o: (o.step_s, o.tp))
-        why = "chosen: lowest step time that fits"
+        why = (
+            "chosen: lowest step time that fits" if best.fits else "chosen: lowest step time (fit unchecked)"
+        )
     return [
         dataclasses.replace(o, chosen=True, reasons=(*o.reasons, why)) if o is best else o for o in options
     ]

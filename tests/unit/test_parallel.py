@@ -162,6 +162,19 @@ def test_a_measured_allreduce_latency_is_each_all_reduces_fixed_cost(tmp_path: P
     assert len(rows) == 32 and all(k.overhead_s == pytest.approx(15e-6) for k in rows)
     wire = 2 * 0.5 * 2048 * 2 / 450e9  # [1, 2048] bf16 over 450 GB/s, half of it each way
     assert tp2.allreduce_s == pytest.approx(32 * (15e-6 + wire))
+    assert any("measured" in r for r in tp2.reasons)
+
+
+def test_without_a_measured_latency_each_all_reduce_costs_the_assumed_figure(
+    llama_1b_on_two_h200: parallel.ParallelPlan,
+) -> None:
+    """No calibration measured an all-reduce: each costs ASSUMED_ALLREDUCE_LATENCY_S and the option says
+    so. Llama-3.2-1B at batch 1 then stays on one GPU per replica, as two H200s measured it."""
+    tp2 = next(o for o in llama_1b_on_two_h200.options if o.tp == 2)
+    rows = [k for k in tp2.prediction.kernels if k.pattern == "all_reduce"]
+    assert all(k.overhead_s == parallel.ASSUMED_ALLREDUCE_LATENCY_S for k in rows)
+    assert any("assumed: no calibration measured it" in r for r in tp2.reasons)
+    assert llama_1b_on_two_h200.choice is not None and llama_1b_on_two_h200.choice.tp == 1
 
 
 def test_without_an_interconnect_figure_the_all_reduce_is_unknown(tmp_path: Path) -> None:
