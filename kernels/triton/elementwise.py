@@ -33,21 +33,9 @@ CONFIGS = [
     {"block": 256, "block_l": 64, "block_inner": 16, "num_warps": 2},
 ]
 
-# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
-# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
-_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
-
-
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
-
-
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
-    opts = {"num_warps": config["num_warps"]}
-    if target.family == "rocm":
-        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return opts
+# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
+_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+configs = _t.configs_by_target(CONFIGS)
 
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -209,7 +197,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     args = spec.args(node)
     attrs = spec.attrs()
     op = node.op
-    opts = _options(config, target)
+    opts = _t.launch_options(config, target)
     block = config["block"]
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -258,7 +246,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     x_t = spec.types[node.inputs[0]]
     out_t = spec.types[node.outputs[0]]
     x_ptr, y_ptr = "*" + _TYPES[str(x_t.dtype)], "*" + _TYPES[str(out_t.dtype)]
-    opts = {**_options(config, target), "num_stages": 1}
+    opts = {**_t.launch_options(config, target), "num_stages": 1}
     block = config["block"]
     if node.op == "cast":
         consts = {"BLOCK": block}

@@ -17,6 +17,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from polymorph.kernel_files import depend
+
 IMPLEMENTS = "embedding"
 
 CONFIGS = [
@@ -25,21 +27,9 @@ CONFIGS = [
     {"block_d": 8192, "num_warps": 8},
 ]
 
-# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
-# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
-_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
-
-
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
-
-
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
-    opts = {"num_warps": config["num_warps"]}
-    if target.family == "rocm":
-        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return opts
+# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
+_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+configs = _t.configs_by_target(CONFIGS)
 
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -79,7 +69,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     table_i, ids_i = spec.args(spec.single)
     consts = _consts(spec, config)
     grid_d = triton.cdiv(consts["D"], consts["BLOCK_D"])
-    opts = _options(config, target)
+    opts = _t.launch_options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         ids = inputs[ids_i]
@@ -102,4 +92,8 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "out_ptr": ptr,
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [CompileUnit("embedding", _embedding, sig, consts, {**_options(config, target), "num_stages": 1})]
+    return [
+        CompileUnit(
+            "embedding", _embedding, sig, consts, {**_t.launch_options(config, target), "num_stages": 1}
+        )
+    ]

@@ -30,21 +30,9 @@ CONFIGS = [
     {"rows": 1, "block_d": 256, "num_warps": 2},
 ]
 
-# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
-# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
-_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
-
-
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
-
-
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
-    opts = {"num_warps": config["num_warps"]}
-    if target.family == "rocm":
-        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return opts
+# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
+_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+configs = _t.configs_by_target(CONFIGS)
 
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -99,7 +87,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     x_i, w_i = spec.args(spec.single)
     eps = float(spec.attrs()["eps"])
     consts = _consts(spec, config)
-    opts = _options(config, target)
+    opts = _t.launch_options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         x = inputs[x_i]
@@ -124,4 +112,6 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "eps": "fp32",
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [CompileUnit("rmsnorm", _rmsnorm, sig, consts, {**_options(config, target), "num_stages": 1})]
+    return [
+        CompileUnit("rmsnorm", _rmsnorm, sig, consts, {**_t.launch_options(config, target), "num_stages": 1})
+    ]

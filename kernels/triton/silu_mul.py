@@ -29,21 +29,9 @@ CONFIGS = [
     {"block": 2048, "num_warps": 4},
 ]
 
-# CDNA (wave64): half the warps keep a lane's accesses as wide as on NVIDIA (a wave has twice a warp's
-# lanes); waves_per_eu 0 leaves occupancy to the compiler. Not measured on a device.
-_ROCM_CONFIGS = [{**c, "num_warps": max(1, c["num_warps"] // 2), "waves_per_eu": 0} for c in CONFIGS]
-
-
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else CONFIGS
-
-
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    """Launch options: warps, and waves_per_eu on rocm (compile units add num_stages 1)."""
-    opts = {"num_warps": config["num_warps"]}
-    if target.family == "rocm":
-        opts["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return opts
+# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
+_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+configs = _t.configs_by_target(CONFIGS)
 
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -91,7 +79,7 @@ def supports(spec: Any) -> bool:
 def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     gate, up, _, _ = _parts(spec)
     g_i, u_i = spec.inputs.index(gate), spec.inputs.index(up)
-    block, opts = config["block"], _options(config, target)
+    block, opts = config["block"], _t.launch_options(config, target)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         y = outputs[0]
@@ -108,5 +96,5 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     gate, _, _, out = _parts(spec)
     ptr = "*" + _FLOATS[str(spec.types[gate].dtype)]
     sig = {"g_ptr": ptr, "u_ptr": ptr, "y_ptr": ptr, "N": "i32", "BLOCK": "constexpr"}
-    opts = {**_options(config, target), "num_stages": 1}
+    opts = {**_t.launch_options(config, target), "num_stages": 1}
     return [CompileUnit("silu_mul", _silu_mul, sig, {"BLOCK": config["block"]}, opts)]
