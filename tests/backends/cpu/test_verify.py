@@ -226,9 +226,8 @@ def test_one_prefill_per_sequence_gives_the_stepped_scenario(name: str) -> None:
         assert a.want.shape == b.want.shape, f"seed {seed}: {a.name}"
         np.testing.assert_allclose(a.want, b.want, rtol=1e-4, atol=1e-4, err_msg=f"seed {seed}: {a.name}")
         if name in MOE_MODELS:
-            assert a.router_margin == pytest.approx(b.router_margin, rel=1e-3, abs=1e-6), (
-                f"seed {seed}: {a.name}"
-            )
+            # The two runs sum in other orders: margins agree to ~1e-5 (a flakiness audit saw 7e-6).
+            assert a.router_margin == pytest.approx(b.router_margin, abs=1e-4), f"seed {seed}: {a.name}"
         else:
             assert a.router_margin is None and b.router_margin is None
 
