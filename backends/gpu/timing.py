@@ -33,13 +33,17 @@ def input_copies(ins: Sequence[torch.Tensor], l2_bytes: int) -> list[list[torch.
     sets = [list(ins)]
     for i in range(1, copies):
         clones: dict[int, torch.Tensor] = {}
-        sets.append([clones.setdefault(id(t), _fresh_clone(t, 1 + (i % 8) / 64)) for t in ins])
+        sets.append([clones.setdefault(id(t), fresh_clone(t, i)) for t in ins])
     return sets
 
 
-def _fresh_clone(t: torch.Tensor, scale: float) -> torch.Tensor:
+def fresh_clone(t: torch.Tensor, i: int) -> torch.Tensor:
+    """Copy `i` of operand `t` for timing: `t` itself for i = 0; else a clone, scaled by 1 + (i % 8)/64
+    where it is float (other content, same magnitude), as it is where it is an integer tensor."""
+    if i == 0:
+        return t
     clone = t.clone()
-    return clone.mul_(scale) if clone.is_floating_point() else clone
+    return clone.mul_(1 + (i % 8) / 64) if clone.is_floating_point() else clone
 
 
 def graph_seconds(body: Callable[[], None], reps: int, trials: int = 7) -> list[float]:

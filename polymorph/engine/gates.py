@@ -155,8 +155,7 @@ def run_gates(
             report.gates += _fail_rest(names, run.current, f"{lost.how}: {lost}")
             report.faults.append(Fault(group, kernel, lost.how, f"{run.current}: {lost}"))
             engine.replace_worker({group})
-            later = [n for ns, _ in stages for n in ns if n not in {g.name for g in report.gates}]
-            report.gates += [Gate(n, "not run", f"the worker was lost in {run.current}") for n in later]
+            _not_run_rest(report, stages, f"the worker was lost in {run.current}")
             return report
         finally:
             report.seconds[STAGES[names]] = time.perf_counter() - t0
@@ -169,19 +168,21 @@ def run_gates(
             report.faults.append(Fault(group, kernel, "canary", f"{run.current}: the worker failed its canary "
                                        f"after the candidate raised ({raised}); replaced"))  # fmt: skip
             engine.replace_worker({group})
-            later = [n for ns, _ in stages for n in ns if n not in {g.name for g in report.gates}]
-            report.gates += [
-                Gate(n, "not run", "the worker was replaced after its canary failed") for n in later
-            ]
+            _not_run_rest(report, stages, "the worker was replaced after its canary failed")
             return report
         if run.tainted:
             # The worker answers, but its weights or its timer were tampered with: nothing it runs
             # counts any more. A fresh one, without the candidate; the gates left have nothing to run.
             engine.replace_worker({group})
-            later = [n for ns, _ in stages for n in ns if n not in {g.name for g in report.gates}]
-            report.gates += [Gate(n, "not run", "the worker was replaced after tampering") for n in later]
+            _not_run_rest(report, stages, "the worker was replaced after tampering")
             return report
     return report
+
+
+def _not_run_rest(report: GateReport, stages: list[tuple[tuple[str, ...], Any]], why: str) -> None:
+    """Every gate of `stages` the report has no verdict for yet: not run, for `why`."""
+    done = {g.name for g in report.gates}
+    report.gates += [Gate(n, "not run", why) for ns, _ in stages for n in ns if n not in done]
 
 
 def _fail_rest(names: tuple[str, ...], current: str, cause: str) -> list[Gate]:

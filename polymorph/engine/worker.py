@@ -553,12 +553,13 @@ class Worker:
 
         state = getattr(self.exe, "state", {})
         cache = self.verify_cache
+        guard = None if cache is None else torch.from_numpy(~cache.written_slots())  # [blocks, block_size]
         count = 0
         for t in state.values():
-            if cache is None or tuple(t.shape[:2]) != (cache.cache_blocks, cache.block_size):
+            if guard is None or tuple(t.shape[:2]) != tuple(guard.shape):
                 count += int((t[GUARD_BLOCK] != 0).sum())
                 continue
-            guard = torch.from_numpy(~cache.written_slots()).to(t.device)  # [blocks, block_size]
+            guard = guard.to(t.device)  # once: every cache tensor lives on the engine's device
             nonzero = (t != 0).reshape(*t.shape[:2], -1).sum(-1)  # per slot
             count += int(nonzero[guard].sum())
         return count
@@ -719,12 +720,9 @@ def _fresh_sets(ins: list[Any], weights: set[int]) -> list[list[Any]]:
     """`ins` and FRESH_SETS - 1 variants whose float activations are scaled a little (weights, the
     indices in `weights`, and integer inputs stay as they are): every timed call sees other content
     than the one before, so a kernel that memoizes its last answer gains nothing."""
-    sets = [list(ins)]
-    for i in range(1, FRESH_SETS):
-        sets.append(
-            [t if j in weights or not t.is_floating_point() else t * (1 + i / 64) for j, t in enumerate(ins)]
-        )
-    return sets
+    from polymorph.backends.gpu.timing import fresh_clone
+
+    return [[t if j in weights else fresh_clone(t, i) for j, t in enumerate(ins)] for i in range(FRESH_SETS)]
 
 
 def _time_rotating(

@@ -477,13 +477,17 @@ class Board:
         with self._db.read() as c:
             return [_result(r) for r in c.execute(query + " ORDER BY r.candidate", params)]
 
-    def candidates(self, state: str | None = None) -> list[Candidate]:
-        """Every candidate (with state `state`, when given), in id order."""
+    def candidates(self, state: str | None = None, *, bare: bool = False) -> list[Candidate]:
+        """Every candidate (with state `state`, when given; with `bare`, only those posted for a bare
+        node group, which no tune run has taken into its scope yet), in id order."""
+        query, params = "SELECT id FROM candidates WHERE 1", []
+        if state is not None:
+            query += " AND state = ?"
+            params.append(state)
+        if bare:
+            query += " AND instr(group_id, '@') = 0"
         with self._db.read() as c:
-            if state is None:
-                ids = c.execute("SELECT id FROM candidates ORDER BY id").fetchall()
-            else:
-                ids = c.execute("SELECT id FROM candidates WHERE state = ? ORDER BY id", (state,)).fetchall()
+            ids = c.execute(query + " ORDER BY id", params).fetchall()
             return [self._candidate(c, r["id"]) for r in ids]
 
     def wait(self, candidate: int, timeout: float) -> Result | None:

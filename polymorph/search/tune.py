@@ -363,10 +363,10 @@ class _Run:
         the built-in agents' proposals are. A config-only post is for the plan's stock kernel.
         Returns how many were taken."""
         taken = 0
-        for c in self.board.candidates("open"):
+        for c in self.board.candidates("open", bare=True):  # not the scoped ones: every run's own posts
             space = by_group.get(c.group)
             if space is None or c.backend != self.backend or c.target != self.profile:
-                continue  # scoped already (this run's or another's), or not for this plan
+                continue  # not for this plan
             stock = space.stock_kernel.read_text() if c.source is None else None
             kernel = store_source(sources, c.source) if c.source is not None else space.stock_kernel
             p = Proposal(space.signature, space.group, kernel, dict(c.config), c.agent or "external",
