@@ -39,6 +39,26 @@ def to_torch(arr: np.ndarray, device: str | torch.device = "cpu") -> torch.Tenso
     return tensor.to(device)
 
 
+def share_torch(arr: np.ndarray) -> torch.Tensor:
+    """A host tensor on `arr`'s own memory, no copy (an arena array: shared memory the controller made).
+    A read-only array gives a tensor whose writes fault: torch cannot mark a tensor read-only, the
+    pages are."""
+    import warnings
+
+    dtype = DType.of(arr)
+    if not arr.flags.c_contiguous:
+        raise ValueError("share_torch needs a C-contiguous array")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        if dtype in (DType.BF16, DType.F8E4M3, DType.F8E5M2):
+            np_bits, torch_bits = _BITS[dtype.itemsize]
+            bits = torch.from_numpy(arr.view(np_bits))
+            if torch_bits is torch.int16:
+                bits = bits.view(torch.int16)
+            return bits.view(TORCH_DTYPE[dtype])
+        return torch.from_numpy(arr)
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach().to("cpu").contiguous()
     for dtype, torch_dtype in TORCH_DTYPE.items():

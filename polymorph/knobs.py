@@ -296,6 +296,11 @@ class Knobs:
         "torch threads of the cpu backend; unset: 1 for small models, else all cores",
         minimum=1,
     )
+    sandbox = BoolKnob(
+        "POLYMORPH_SANDBOX",
+        True,
+        "start engine workers in the sandbox (namespaces, Landlock, seccomp); off only to debug a worker",
+    )
     plain = BoolKnob("POLYMORPH_PLAIN", False, "force plain CLI output (no colours, tables or live progress)")
 
     def __init__(self) -> None:

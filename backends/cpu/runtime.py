@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from polymorph.backend import Executable
-from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, to_numpy, to_torch
+from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, share_torch, to_numpy, to_torch
 from polymorph.errors import UserError
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
@@ -61,8 +61,13 @@ class CpuExecutable(Executable):
         missing = set(self.graph.params) - set(weights)
         if missing:
             raise UserError(f"weights for {len(missing)} params are missing, e.g. `{sorted(missing)[0]}`")
-        self.params = {name: to_torch(weights[name]) for name in self.graph.params}
-        self.threads = threads or _auto_threads(sum(p.numel() for p in self.params.values()))
+        # Weights mapped read-only from the engine controller's arena are used where they lie (a write
+        # to them faults); any other array is copied.
+        self.params = {
+            name: share_torch(w) if not w.flags.writeable and w.flags.c_contiguous else to_torch(w)
+            for name, w in ((n, weights[n]) for n in self.graph.params)
+        }
+        self.threads = threads or auto_threads(sum(p.numel() for p in self.params.values()))
         # torch's thread count is process-wide: the executable sets it once for its process.
         torch.set_num_threads(self.threads)
         self.state: dict[str, torch.Tensor] = {}
@@ -189,7 +194,7 @@ def _counted(group_id: str, launch: Launch, mode: type, counts: dict[str, int]) 
     return run
 
 
-def _auto_threads(weight_elements: int) -> int:
+def auto_threads(weight_elements: int) -> int:
     """One thread for small models: below ~16M weights a step is a few microseconds of GEMV per
     kernel, and waking OpenMP workers costs more than it saves (1.5 ms vs 64 ms per llama-tiny step
     on a loaded 2-core machine, measured). Larger models use every core."""

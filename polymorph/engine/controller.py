@@ -26,15 +26,10 @@ candidates that had passed the gate.
 
 from __future__ import annotations
 
-import os
-import select
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Collection
+import uuid
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,28 +37,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polymorph.engine import protocol
+from polymorph.engine.arena import Arena
+from polymorph.engine.cases import GroupInfo, Undrawable
+from polymorph.engine.link import HostLink, LocalLink
+from polymorph.engine.sandbox import harden_self
+from polymorph.engine.timing import time_group
+from polymorph.engine.wire import CandidateRaised, EngineError, WorkerLost
 from polymorph.errors import UserError
 from polymorph.hw import Profile
 from polymorph.ir.dtypes import DType
+from polymorph.ir.shapes import concrete, numel
 from polymorph.session import ReferenceExecutable
 from polymorph.tolerance import Tolerance, model_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside, reference_scenario
 
 if TYPE_CHECKING:
     from polymorph.engine.gates import GateReport
-
-
-class EngineError(UserError):
-    """The engine itself (not a candidate) failed: the worker would not start, or answered nonsense."""
-
-
-class WorkerLost(Exception):
-    """The worker died or did not answer in time; `how` is "hang" or "crash"."""
-
-    def __init__(self, how: str, detail: str) -> None:
-        super().__init__(detail)
-        self.how = how
 
 
 @dataclass(frozen=True)
@@ -104,111 +93,6 @@ class GateResult:
         return next((s for s in self.steps if not s.comparison.ok), None)
 
 
-@dataclass
-class _Worker:
-    proc: subprocess.Popen[bytes] | None
-    sock: socket.socket
-    reader: Any
-    address: str
-    stderr_path: Path | None
-
-    def stderr_tail(self, chars: int = 2000) -> str:
-        if self.stderr_path is None or not self.stderr_path.exists():
-            return ""
-        return self.stderr_path.read_text(errors="replace")[-chars:]
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
-def _connect(address: str, timeout: float) -> tuple[socket.socket, Any]:
-    kind, where = protocol.parse_address(address)
-    family = socket.AF_UNIX if kind == "unix" else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(where)
-    except OSError as e:
-        sock.close()
-        raise EngineError(f"cannot connect to the engine at {address}: {e.strerror or e}") from None
-    return sock, sock.makefile("rb")
-
-
-def start_detached(
-    model: str | Path,
-    backend: str = "cpu",
-    target: str | None = None,
-    *,
-    batch: int | None = None,
-    ctx: int | None = None,
-    traffic: str | Path | None = None,
-    dtype: str | None = None,
-    block_size: int | None = None,
-    unix: str | Path | None = None,
-    port: int = 0,
-    log: str | Path | None = None,
-    load_budget_s: float = 600.0,
-) -> tuple[str, int]:
-    """Start a worker that outlives this process (`polymorph engine start`), load `model` into it and
-    return (address, pid). Drive it with `Controller.attach(address)`; stop it with its `shutdown`.
-    It listens on `unix`, else on TCP `port` of 127.0.0.1 (0: any free one). The worker's stderr goes
-    to `log` (default: <cache dir>/engine/worker-<time>.log)."""
-    from polymorph.knobs import knobs
-
-    if log is None:
-        log = Path(knobs.cache_dir) / "engine" / f"worker-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    log = Path(log)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "polymorph.engine.worker"]
-    cmd += ["--unix", str(unix)] if unix is not None else ["--port", str(port)]
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=knobs.child_environ(),
-            start_new_session=True,  # a Ctrl-C in the starting shell does not reach the engine
-        )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 60.0)
-    address = proc.stdout.readline().decode().strip() if ready else ""
-    proc.stdout.close()
-    if not address:
-        proc.kill()
-        proc.wait()
-        raise EngineError(f"the engine worker did not start; see {log}")
-    sock, reader = _connect(address, load_budget_s)
-    try:
-        fields = {
-            "model": str(model),
-            "backend": backend,
-            "target": target,
-            "batch": batch,
-            "ctx": ctx,
-            "traffic": None if traffic is None else str(traffic),
-            "dtype": dtype,
-            "block_size": block_size,
-        }
-        sock.sendall(protocol.encode(protocol.request(1, "load", **fields)))
-        line = reader.readline()
-    finally:
-        reader.close()
-        sock.close()
-    response = (
-        protocol.decode(line) if line else {"ok": False, "error": {"message": f"the worker died; see {log}"}}
-    )
-    if not response.get("ok"):
-        proc.kill()
-        proc.wait()
-        raise UserError(f"the engine could not load {model}: {response['error']['message']}")
-    return address, proc.pid
-
-
 CANARY_BUDGET_S = 10.0  # the most a canary may take before the worker counts as lost
 
 
@@ -216,27 +100,6 @@ def canary_value(n: int = 64) -> float:
     """The worker's canary answer (`op_canary`): the sum of A A^T for A[i] = (i % 7) - 3, n x n."""
     a = (np.arange(n * n) % 7 - 3).astype(np.float64).reshape(n, n)
     return float((a @ a.T).sum())
-
-
-def _kill_pid(pid: int, wait_s: float = 10.0) -> None:
-    """SIGKILL a process this one may not have started, and wait until it is gone (reaped by us if it
-    is our child, else by its parent or init)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:  # not ours: gone once signal 0 finds nothing
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.02)
-    raise EngineError(f"the lost engine worker (pid {pid}) did not exit after SIGKILL")
 
 
 def scenario_ctx(steps: list[ScenarioStep]) -> int:
@@ -274,28 +137,55 @@ def answer_logits(r: dict[str, Any], steps: int) -> list[Any]:
     return got
 
 
+@dataclass
+class CallsResult:
+    """One `run_group` request's answer, read from the arena while the worker is frozen."""
+
+    wall_s: float  # the controller's clock: inputs written, request sent, answer in
+    arena: Arena
+    calls: list[list[np.ndarray | None]]
+    in_slots: list[list[str | None]]
+    out_slots: list[list[str | None]]  # None: an output written in place into input slot `aliased`
+    aliased: dict[int, int]  # output index -> input index, for the cache writes
+
+    def outputs(self, i: int) -> list[np.ndarray]:
+        """Copies of call `i`'s outputs (a cache write's output is its input slot, written in place)."""
+        out = []
+        for j, name in enumerate(self.out_slots[i]):
+            slot = name if name is not None else self.in_slots[i][self.aliased[j]]
+            out.append(np.array(self.arena.arrays[slot]))
+        return out
+
+    def input_after(self, i: int, j: int) -> np.ndarray | None:
+        name = self.in_slots[i][j]
+        return None if name is None else np.array(self.arena.arrays[name])
+
+
+def _fill(dtype: np.dtype, fill: Any) -> Any:
+    is_float = dtype.kind in "fV"
+    if fill == "nan":
+        return float("nan") if is_float else -(2**30)
+    return float(fill) if is_float else int(fill)
+
+
 class Controller:
-    """Drives one worker; holds the reference engine, the fault record and the accepted candidates."""
+    """Drives one engine's workers; holds the reference engine, the fault record and the accepted
+    candidates. Every worker that imported a candidate is retired after that candidate's verdict."""
 
     def __init__(
         self,
         *,
         budget_s: float = 30.0,
         load_budget_s: float = 600.0,
-        unix: bool = False,
         standby: int = 1,
     ) -> None:
         self.budget_s = budget_s  # the most a swap, verify or measure may take before the worker is replaced
         self.load_budget_s = load_budget_s
-        self.unix = unix
-        # Worker processes started ahead, their imports done, that replace a lost worker: a restart
-        # then costs a load, not a Python and torch start-up. They hold no model (and no device
-        # context) until one is used. `standby` is how many to keep (0: none).
-        self.standby = standby
-        self._standby: list[tuple[subprocess.Popen[bytes], Path]] = []
-        self._launches = 0
+        self._tmp = tempfile.TemporaryDirectory(prefix="polymorph-engine-")
+        self.link: LocalLink | HostLink = LocalLink(Path(self._tmp.name), load_budget_s=load_budget_s)
         self.faults: list[Fault] = []
-        self.restarts = 0
+        self.restarts = 0  # workers replaced because one was lost or could no longer be trusted
+        self.retired = 0  # workers retired after a candidate's verdict
         self.accepted: dict[str, tuple[str, dict[str, Any] | None]] = {}  # passed the gate
         self.pending: dict[str, tuple[str, dict[str, Any] | None]] = {}  # swapped in, not yet gated
         self.load_args: dict[str, Any] = {}
@@ -303,13 +193,15 @@ class Controller:
         # The roofline the timing gate holds measurements to; None: the loaded plan's profile, with
         # the calibration POLYMORPH_CALIBRATION_DIR points at (read when a gate needs it).
         self.profile: Profile | None = None
-        self._worker: _Worker | None = None
-        self._next_id = 0
+        self.tampered: str | None = None  # what changed the worker's watched functions, since load
+        self._touched: set[str] = set()  # candidate files the current worker imported
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
         self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
-        self._attached_pid: int | None = None  # the worker's pid when attached (`attach`), not started
         self._canary_weight: str | None = None  # the canary's weight fingerprint at load
+        self._weight_print: str | None = None  # the controller's own fingerprint of the weights
+        self._harness: dict[tuple, float] = {}  # (group, shapes, calls) -> the empty launch's seconds
+        self._arenas: dict[tuple, Arena] = {}
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The reference's scenarios since the caller last cleared them: how long each draw took (in
         # the background or not), and how long the gates waited for one.
@@ -319,7 +211,6 @@ class Controller:
         # current candidate runs its gates (numpy releases the GIL in its matmuls).
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="polymorph-scenario")
         self._next_scenario: dict[tuple, Future[list[ScenarioStep]]] = {}
-        self._tmp = tempfile.TemporaryDirectory(prefix="polymorph-engine-")
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -336,24 +227,15 @@ class Controller:
         dtype: str | None = None,
         block_size: int | None = None,
         budget_s: float = 30.0,
-        unix: bool = False,
         standby: int = 1,
     ) -> Controller:
-        """Start a worker and load `model` into it (weights, KV cache and stock kernels, once)."""
-        engine = cls(budget_s=budget_s, unix=unix, standby=standby)
+        """Start a worker in the sandbox and load `model` into it (weights, KV cache and stock kernels,
+        once); a standby is started and loaded beside it."""
+        harden_self()
+        engine = cls(budget_s=budget_s, standby=standby)
         try:
-            engine._spawn(backend)
-            engine.load(
-                model,
-                backend,
-                target,
-                batch=batch,
-                ctx=ctx,
-                traffic=traffic,
-                dtype=dtype,
-                block_size=block_size,
-            )
-            engine._launch_standby()
+            engine.load(model, backend, target, batch=batch, ctx=ctx, traffic=traffic, dtype=dtype,
+                        block_size=block_size)  # fmt: skip
         except BaseException:
             engine.close()
             raise
@@ -361,22 +243,25 @@ class Controller:
 
     @classmethod
     def attach(cls, address: str, *, budget_s: float = 30.0) -> Controller:
-        """Drive a worker someone else started (`polymorph engine start`) on this machine. A candidate
-        that hangs or kills it is recorded, and the worker is replaced by a fresh one at the same
-        address (`start_detached`, same model, plan bucket and candidates but the blamed one's)."""
-        engine = cls(budget_s=budget_s)
-        sock, reader = _connect(address, budget_s)
-        engine._worker = _Worker(None, sock, reader, address, None)
-        status = engine.status()
-        if not status.get("loaded"):
-            raise EngineError(f"the engine at {address} has no model loaded")
-        engine._attached_pid = int(status["pid"])
-        engine._adopt(status)
-        engine._canary_weight = engine._call("canary", budget_s)["weight"]
+        """Drive an engine someone else started (`polymorph engine start`, a detached host) on this
+        machine. A candidate that hangs or kills its worker is recorded, and the host replaces the
+        worker with a fresh one (same model, plan bucket and candidates but the blamed one's)."""
+        engine = cls(budget_s=budget_s, standby=0)
+        engine.link.close()
+        engine.link = HostLink(address, budget_s)
+        try:
+            status = engine.status()
+            if not status.get("loaded"):
+                raise EngineError(f"the engine at {address} has no model loaded")
+            engine._adopt(status)
+            engine._canary_weight = engine._call("canary", budget_s)["weight"]
+        except BaseException:
+            engine.close()
+            raise
         return engine
 
     def _adopt(self, status: dict[str, Any]) -> None:
-        """Take over what an attached worker holds: its plan, load arguments and candidates."""
+        """Take over what an attached engine holds: its plan, load arguments and candidates."""
         self.loaded = {**status, "groups": status["plan"]}
         bucket = status.get("bucket") or {}
         self.load_args = {
@@ -388,147 +273,61 @@ class Controller:
             "dtype": status["dtype"],
             "block_size": status["block_size"],
         }
-        self._build_reference()
+        self._build_reference(self._resolve_model())
         self.pending = {
             g: (e["kernel"], e.get("config")) for g, e in status["groups"].items() if e["candidate"]
         }
+        self._watch(status.get("watched"), baseline=True)
 
     @property
     def address(self) -> str:
-        return self._alive().address
+        return self.link.address if isinstance(self.link, HostLink) else "local"
 
     @property
     def pid(self) -> int | None:
-        w = self._alive()
-        return w.proc.pid if w.proc is not None else None
+        """The current worker's pid (a detached engine's: its host's)."""
+        return self.link.pid
 
-    def _launch(self, backend: str) -> tuple[subprocess.Popen[bytes], Path]:
-        """Start a worker process (its imports done before it prints its address); no model yet."""
-        from polymorph.knobs import knobs
-
-        n = self._launches
-        self._launches += 1
-        cmd = [sys.executable, "-m", "polymorph.engine.worker", "--watch-stdin", "--preload", backend]
-        if self.unix:
-            cmd += ["--unix", os.path.join(self._tmp.name, f"worker-{n}.sock")]
-        else:
-            cmd += ["--port", "0"]
-        stderr_path = Path(self._tmp.name) / f"worker-{n}.stderr"
-        with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=knobs.child_environ()
-            )
-        return proc, stderr_path
-
-    def _launch_standby(self) -> None:
-        while len(self._standby) < self.standby:
-            self._standby.append(self._launch(self.load_args.get("backend") or "cpu"))
-
-    def _spawn(self, backend: str = "cpu") -> None:
-        """Connect to a new worker: the oldest live standby, else a process started now."""
-        standby = None
-        while self._standby and standby is None:
-            standby = self._standby.pop(0)
-            if standby[0].poll() is not None:  # it died waiting
-                _reap(standby[0])
-                standby = None
-        proc, stderr_path = standby or self._launch(backend)
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60.0)
-        line = proc.stdout.readline().decode().strip() if ready else ""
-        if not line:
-            proc.kill()
-            _reap(proc)
-            tail = stderr_path.read_text(errors="replace")[-1000:]
-            raise EngineError(f"the engine worker did not start: {tail or 'no address printed within 60 s'}")
-        sock, reader = _connect(line, self.budget_s)
-        self._worker = _Worker(proc, sock, reader, line, stderr_path)
-
-    def _kill(self) -> None:
-        w, self._worker = self._worker, None
-        if w is None:
-            return
-        for closeable in (w.reader, w.sock):
-            try:
-                closeable.close()
-            except OSError:
-                pass
-        if w.proc is not None:
-            if w.proc.poll() is None:
-                w.proc.kill()
-            _reap(w.proc)
-
-    def _kill_standby(self) -> None:
-        standby, self._standby = self._standby, []
-        for proc, _ in standby:
-            if proc.poll() is None:
-                proc.kill()
-            _reap(proc)
+    @property
+    def layers(self) -> dict[str, str]:
+        """The sandbox's layers in force for the workers: name -> "on" or "off: why"."""
+        return self.link.layers
 
     def _restart(self, blamed: Collection[str] = ()) -> None:
         """A fresh worker with the same model and every candidate but the blamed groups' (those that
         passed the gate, and those swapped in but not gated yet)."""
-        attached = self._worker is not None and self._worker.proc is None
-        address = self._worker.address if self._worker is not None else ""
-        self._kill()
         self.restarts += 1
         for group in blamed:
             self.pending.pop(group, None)
             self.accepted.pop(group, None)
-        if attached:
-            self._replace_attached(address)
-        else:
-            self._spawn(self.load_args.get("backend") or "cpu")
-            self._call("load", self.load_budget_s, **self.load_args)
+        self._retire()
         if not self.healthy():
             raise EngineError("a fresh engine worker failed its canary: the device does not compute right")
-        for group, (path, config) in [*self.accepted.items(), *self.pending.items()]:
-            self._call("swap", self.budget_s, group=group, path=path, config=config)
-        if not attached:
-            self._launch_standby()
 
-    def _replace_attached(self, address: str) -> None:
-        """Kill an attached worker (by the pid it reported) and start its replacement, detached too,
-        at the same address, so that whoever drives it next finds it where it was."""
-        if self._attached_pid is not None:
-            _kill_pid(self._attached_pid)
-        kind, where = protocol.parse_address(address)
-        args = {k: v for k, v in self.load_args.items() if k not in ("model", "backend", "target")}
-        place = {"unix": where} if kind == "unix" else {"port": int(where[1])}
-        try:
-            address, pid = start_detached(
-                self.load_args["model"], self.load_args["backend"], self.load_args["target"],
-                load_budget_s=self.load_budget_s, **args, **place,
-            )  # fmt: skip
-        except (EngineError, UserError) as e:
-            raise EngineError(f"the attached engine was lost and could not be replaced: {e}") from None
-        self._attached_pid = pid
-        sock, reader = _connect(address, self.budget_s)
-        self._worker = _Worker(None, sock, reader, address, None)
+    def _retire(self) -> None:
+        """The current worker killed with its whole tree; a loaded one with the candidates in place."""
+        keep = {**self.accepted, **self.pending}
+        staged = {g: (self.link.stage(p), c) for g, (p, c) in keep.items()}
+        loaded = self.link.retire(staged)
+        self._touched = set()
+        self.tampered = None
+        self._watch(loaded.get("watched"), baseline=True)
 
     def shutdown(self) -> None:
-        """Stop the worker and wait for it; leaves no process behind."""
-        w = self._worker
-        if w is not None:
+        """Stop the engine's workers (a detached engine's host too) and wait for them."""
+        if isinstance(self.link, HostLink):
             try:
-                self._call("shutdown", 10.0)
+                self.link.host_call("host_shutdown", 10.0)
             except (WorkerLost, EngineError, OSError):
                 pass
-            if w.proc is not None:
-                try:
-                    w.proc.wait(timeout=10.0)
-                except subprocess.TimeoutExpired:
-                    pass
-        self._kill()
-        self._kill_standby()
+        self.link.close()
 
     def close(self) -> None:
-        """Stop a worker this controller started; only disconnect from an attached one."""
-        if self._worker is not None and self._worker.proc is None:
-            self._kill()
-        else:
-            self.shutdown()
-        self._kill_standby()
+        """Stop the workers this controller started; only disconnect from a detached engine."""
+        self.link.close()
+        for arena in self._arenas.values():
+            arena.unlink()
+        self._arenas.clear()
         self._prefetch.shutdown(wait=False, cancel_futures=True)
         self._tmp.cleanup()
 
@@ -539,59 +338,45 @@ class Controller:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_worker", None) is not None and self._worker.proc is not None:
-            self._kill()
-        if getattr(self, "_standby", None):
-            self._kill_standby()
+        link = getattr(self, "link", None)
+        if isinstance(link, LocalLink):
+            link.close()
 
     # --- the wire ------------------------------------------------------------------------------------
-
-    def _alive(self) -> _Worker:
-        if self._worker is None:
-            raise EngineError("the engine is not running; start it with Controller.start(...)")
-        return self._worker
 
     def _call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         """One request; the response's result, or UserError/EngineError for an engine-level error.
         Candidate errors come back as the raw error object under the key `__error__`."""
-        w = self._alive()
-        self._next_id += 1
-        rid = self._next_id
         t0 = time.perf_counter()
-        try:
-            w.sock.settimeout(timeout)
-            w.sock.sendall(protocol.encode(protocol.request(rid, op, **fields)))
-            line = w.reader.readline()
-        except TimeoutError:
-            raise WorkerLost("hang", f"no answer to `{op}` within {timeout:g} s") from None
-        except OSError as e:
-            raise WorkerLost("crash", f"connection lost during `{op}`: {e}") from None
-        if not line:
-            code = None
-            if w.proc is not None:
-                try:
-                    code = w.proc.wait(timeout=2.0)  # the socket closes a moment before the exit code
-                except subprocess.TimeoutExpired:
-                    pass
-            raise WorkerLost(
-                "crash", f"the worker died during `{op}` (exit code {code}) {w.stderr_tail(500)}"
-            )
-        response = protocol.decode(line)
-        if response.get("id") != rid:
-            raise EngineError(f"the engine answered request {response.get('id')} to request {rid}")
+        response, size = self.link.call(op, timeout, **fields)
         spent = self.wire.setdefault(op, WireTime())
         spent.calls += 1
         spent.round_trip_s += time.perf_counter() - t0
         spent.worker_s += float(response.get("worker_s") or 0.0)
-        spent.bytes += len(line)
+        spent.bytes += size
         if response.get("ok"):
-            return response["result"]
+            result = response["result"]
+            if isinstance(result, dict):
+                self._watch(result.get("watched"))
+            return result
         err = response["error"]
         if err["kind"] in ("candidate_build", "candidate_run"):
             return {"__error__": err}
         if err["kind"] == "user":
             raise UserError(err["message"])
         raise EngineError(f"engine error ({err['kind']}) on `{op}`: {err['message']}")
+
+    def _watch(self, digest: str | None, *, baseline: bool = False) -> None:
+        """The worker's digest of the functions a candidate might rebind (the clocks, torch's and
+        numpy's): a change since load is tampering, evidence the gates act on."""
+        if digest is None:
+            return
+        if baseline or self._watched is None:
+            self._watched = digest
+        elif digest != self._watched and self.tampered is None:
+            self.tampered = "functions of the worker's interpreter were rebound (clock, torch or numpy)"
+
+    _watched: str | None = None
 
     def _lost(self, lost: WorkerLost, blame: dict[str, str]) -> list[Fault]:
         """Record the fault against the candidates in `blame` (group -> kernel), then restart."""
@@ -603,11 +388,13 @@ class Controller:
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """One request that runs candidate code (the gates' wire): the result, the candidate's error
         under `__error__`, or WorkerLost for the caller to record against the candidate."""
+        if op == "swap" and fields.get("path") is not None:
+            fields = {**fields, "path": self.link.stage(fields["path"])}
         return self._call(op, self.budget_s, **fields)
 
     def replace_worker(self, blamed: Collection[str]) -> None:
         """A fresh worker without the blamed groups' candidates: for a worker lost to a candidate, or
-        one that still answers but can no longer be trusted (a candidate patched its timer)."""
+        one that still answers but can no longer be trusted."""
         self._restart(blamed)
 
     def _call_engine(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -620,7 +407,141 @@ class Controller:
             self._lost(lost, {g: p for g, (p, _) in self.pending.items()})
             return self._call(op, self.budget_s, **fields)
 
+    # --- calls on shared memory ----------------------------------------------------------------------
+
+    def output_bytes(self, group: GroupInfo, bindings: dict[str, int]) -> int:
+        alias = self._aliases()
+        return sum(
+            numel(concrete(group.types[v].shape, bindings)) * group.types[v].dtype.itemsize
+            for v in group.outputs
+            if v not in alias
+        )
+
+    def _aliases(self) -> dict[str, str]:
+        from polymorph.backends.cpu.runtime import state_aliases
+
+        if getattr(self, "_alias", None) is None:
+            self._alias = state_aliases(self.graph)
+        return self._alias
+
+    def _io(self, group: GroupInfo, calls: list[list[np.ndarray | None]], bindings: dict[str, int]) -> tuple:
+        """An io arena for these calls (reused across requests of the same shapes) and its slots."""
+        alias = self._aliases()
+        specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
+        in_slots: list[list[str | None]] = []
+        out_slots: list[list[str | None]] = []
+        for i, call in enumerate(calls):
+            names: list[str | None] = []
+            for j, a in enumerate(call):
+                if a is None:
+                    names.append(None)
+                else:
+                    names.append(f"c{i}.in{j}")
+                    specs.append((f"c{i}.in{j}", a.dtype, tuple(a.shape)))
+            in_slots.append(names)
+            outs: list[str | None] = []
+            for j, v in enumerate(group.outputs):
+                if v in alias:
+                    outs.append(None)
+                    continue
+                t = group.types[v]
+                outs.append(f"c{i}.out{j}")
+                specs.append((f"c{i}.out{j}", t.dtype.numpy, tuple(concrete(t.shape, bindings))))
+            out_slots.append(outs)
+        key = tuple((n, np.dtype(d).str, s) for n, d, s in specs)
+        arena = self._arenas.get(key)
+        if arena is None or not arena.path.exists():
+            while len(self._arenas) >= 8:  # a few shapes in use at a time
+                self._arenas.pop(next(iter(self._arenas))).unlink()
+            self.link.io_dir.mkdir(parents=True, exist_ok=True)
+            arena = Arena.create(self.link.io_dir, f"io-{uuid.uuid4().hex[:12]}", specs)
+            self._arenas[key] = arena
+        producer = {v: n for n in self.graph.nodes if n.name in group.nodes for v in n.outputs}
+        aliased = {
+            j: group.inputs.index(producer[v].inputs[0]) for j, v in enumerate(group.outputs) if v in alias
+        }
+        return arena, in_slots, out_slots, aliased
+
+    def run_calls(
+        self,
+        group: GroupInfo,
+        calls: list[list[np.ndarray | None]],
+        bindings: dict[str, int],
+        *,
+        fill: Any = "nan",
+        stock: bool = False,
+        noop: bool = False,
+    ) -> CallsResult:
+        """`calls` launches of `group` in one request: gates send one, timing many (the same path).
+        The outputs are poisoned with `fill` first; the inputs are written inside the clock; the
+        worker is frozen when the answer comes (the link does it). WorkerLost propagates; the
+        candidate raising is CandidateRaised."""
+        arena, in_slots, out_slots, aliased = self._io(group, calls, bindings)
+        for outs in out_slots:
+            for name in outs:
+                if name is not None:
+                    a = arena.arrays[name]
+                    a[...] = _fill(a.dtype, fill)
+        fields = self._run_fields(group, arena, in_slots, out_slots, bindings, stock=stock)
+        t0 = time.perf_counter()
+        for call, names in zip(calls, in_slots, strict=True):
+            for a, name in zip(call, names, strict=True):
+                if name is not None:
+                    arena.arrays[name][...] = a
+        r = self._call("run_group", self.budget_s, **fields, noop=noop)
+        wall = time.perf_counter() - t0
+        if "__error__" in r:
+            raise CandidateRaised(r["__error__"]["message"])
+        return CallsResult(wall, arena, calls, in_slots, out_slots, aliased)
+
+    def _run_fields(self, group: GroupInfo, arena: Arena, in_slots: list, out_slots: list,
+                    bindings: dict[str, int], *, stock: bool) -> dict[str, Any]:  # fmt: skip
+        return {
+            "group": group.id,
+            "io": arena.manifest(),
+            "calls": [{"inputs": i, "outputs": o} for i, o in zip(in_slots, out_slots, strict=True)],
+            "bindings": bindings,
+            "stock": stock,
+        }
+
+    def settle(self, done: CallsResult, seconds: float) -> list[bool]:
+        """Let the worker run `seconds` after an answer, freeze it again, and say which outputs of the
+        last call changed meanwhile (work left running after return)."""
+        before = done.outputs(len(done.calls) - 1)
+        self.link.settle(seconds)
+        after = done.outputs(len(done.calls) - 1)
+        return [a.tobytes() != b.tobytes() for a, b in zip(before, after, strict=True)]
+
+    def harness_cost(
+        self, group: GroupInfo, base: list[np.ndarray | None], bindings: dict[str, int], k: int
+    ) -> float:
+        """Seconds one request of `k` empty launches takes on a worker no candidate touched (inputs
+        written inside the clock, as a timed round's): what `timing` takes off. 0 where no clean
+        worker is loaded (said so in the timing's `harness_s`)."""
+        key = (group.id, tuple((a.dtype.str, a.shape) if a is not None else None for a in base), k)
+        if key not in self._harness:
+            calls = [[None if a is None else a.copy() for a in base] for _ in range(k)]
+            arena, in_slots, out_slots, _ = self._io(group, calls, bindings)
+            fields = self._run_fields(group, arena, in_slots, out_slots, bindings, stock=True)
+            wall = self.link.harness(fields, self.budget_s)
+            if wall is None:
+                return 0.0
+            # The clean worker's round plus writing the inputs, as a timed round has it.
+            t0 = time.perf_counter()
+            for call, names in zip(calls, in_slots, strict=True):
+                for a, name in zip(call, names, strict=True):
+                    if name is not None:
+                        arena.arrays[name][...] = a
+            self._harness[key] = wall + (time.perf_counter() - t0)
+        return self._harness[key]
+
     # --- ops -----------------------------------------------------------------------------------------
+
+    def _resolve_model(self) -> Any:
+        from polymorph.models import load_model
+
+        options = {k: self.load_args[k] for k in ("dtype", "block_size") if self.load_args.get(k) is not None}
+        return load_model(self.load_args["model"], **options)
 
     def load(
         self,
@@ -634,6 +555,10 @@ class Controller:
         dtype: str | None = None,
         block_size: int | None = None,
     ) -> dict[str, Any]:
+        """Load `model` here (the reference's copy; its weights go into the shared arena the workers
+        map) and into a fresh worker. The workers never read the user's files."""
+        if isinstance(self.link, HostLink):
+            raise UserError("a detached engine loads its model when it starts (`polymorph engine start`)")
         self.load_args = {
             "model": str(model),
             "backend": backend,
@@ -644,11 +569,20 @@ class Controller:
             "dtype": dtype,
             "block_size": block_size,
         }
-        self.loaded = self._call("load", self.load_budget_s, **self.load_args)
+        if traffic is not None:  # the worker cannot read the user's traffic file: its bucket, resolved here
+            from polymorph.traffic import pick_bucket
+
+            bucket = pick_bucket(batch, ctx, traffic)
+            self.load_args.update(batch=bucket.batch, ctx=bucket.ctx, traffic=None)
+        m = self._resolve_model()
         self.accepted.clear()
         self.pending.clear()
+        self.loaded = self.link.start(m, self.load_args, {})
+        self._touched = set()
+        self.tampered = None
+        self._watch(self.loaded.get("watched"), baseline=True)
         self._canary_weight = self._call("canary", self.budget_s)["weight"]  # as loaded, before any candidate
-        self._build_reference()
+        self._build_reference(m)
         return self.loaded
 
     def healthy(self) -> bool:
@@ -661,18 +595,40 @@ class Controller:
             return False
         return r.get("value") == canary_value() and r.get("weight") == self._canary_weight
 
-    def _build_reference(self) -> None:
-        from polymorph.ir import serialize
-        from polymorph.models import load_model
+    def weights_intact(self) -> str | None:
+        """None when every weight holds what it held at load, else which: the worker's fingerprints of
+        its own tensors (evidence: on a GPU they live in its memory), and on cpu the controller's own
+        fingerprint of the shared arena the workers map read-only."""
+        try:
+            r = self._call("fingerprints", self.budget_s)
+        except WorkerLost:
+            return "the worker was lost reading its weights"
+        changed = [n for n, f in r["weights"].items() if f != self._fingerprints.get(n)]
+        if changed:
+            return f"the engine's weight `{changed[0]}` changed ({len(changed)} weights)"
+        if self._weight_print is not None and self._weight_print != _arena_print(self.weights):
+            return "the shared weights changed"
+        return None
 
-        options = {k: self.load_args[k] for k in ("dtype", "block_size") if self.load_args.get(k) is not None}
-        self._model = load_model(self.load_args["model"], **options)
-        if serialize.content_hash(self._model.graph) != self.loaded["graph_hash"]:
+    _fingerprints: dict[str, str] = {}
+
+    def _build_reference(self, model: Any) -> None:
+        from polymorph.ir import serialize
+
+        self._model = model
+        if serialize.content_hash(model.graph) != self.loaded["graph_hash"]:
             raise EngineError("the worker built a different graph than the controller for the same model")
-        self._reference = ReferenceExecutable(self._model.graph, self._model.weights())
+        weights = model.weights()
+        pool = self.link.pool if isinstance(self.link, LocalLink) else None
+        if pool is not None and pool.weights is not None:
+            weights = pool.weights.arrays  # the same bytes the workers map, read here in place
+            self._weight_print = _arena_print(weights)
+        self._reference = ReferenceExecutable(model.graph, weights)
         # Every position's logits: the scenario's reference reads the weights once per sequence.
-        self._whole_graph = self._model.rebuild(all_logits=True) if self._model.config is not None else None
+        self._whole_graph = model.rebuild(all_logits=True) if model.config is not None else None
         self._next_scenario.clear()  # drawn on the model loaded before
+        self._alias = None
+        self._fingerprints = dict(self._call("fingerprints", self.budget_s)["weights"])
 
     def groups(self) -> list[str]:
         return list(self.status()["groups"])
@@ -683,8 +639,9 @@ class Controller:
         return self._model.graph
 
     @property
-    def weights(self) -> dict[str, np.ndarray]:
-        """The model's weights as the reference holds them (the worker holds its own copy)."""
+    def weights(self) -> Mapping[str, np.ndarray]:
+        """The model's weights as the reference holds them (on a local engine: the shared arena the
+        workers map read-only, this process's own writable mapping of it)."""
         assert self._reference is not None
         return self._reference.weights
 
@@ -705,6 +662,9 @@ class Controller:
                 return g
         raise UserError(f"no node group `{group}` in this plan")
 
+    def group_info(self, group: str) -> GroupInfo:
+        return GroupInfo.of(self.plan_group(group), self.graph, self.graph.types())
+
     def gate_profile(self) -> Profile:
         if self.profile is None:
             from polymorph.hw import load_profile
@@ -713,16 +673,24 @@ class Controller:
             self.profile = load_profile(self.loaded["profile"], knobs.calibration_dir)
         return self.profile
 
+    def default_prompts(self, decode_steps: int = 4) -> tuple[int, ...]:
+        """The scenario's prompts: one as long as the bucket's context allows (up to LONG_PROMPT), and
+        two short ones; all decode together (batch 3, ragged)."""
+        ctx = int(self.loaded.get("bucket", {}).get("ctx", 0) or 0)
+        longest = min(max(ctx, 16), LONG_PROMPT) - decode_steps
+        return (max(longest, 11), 7, 3)
+
     def scenario(
-        self, prompt_lens: tuple[int, ...] = (7, 3), decode_steps: int = 4, seed: int | None = None
+        self, prompt_lens: tuple[int, ...] | None = None, decode_steps: int = 4, seed: int | None = None
     ) -> list[ScenarioStep]:
         """The teacher-forced scenario with the reference's logits (`polymorph.verify.numerics`). With
         no seed, one drawn fresh in the background since the last call (and the next one started), so
         a candidate's gates do not wait for the reference."""
         assert self._reference is not None
+        prompt_lens = tuple(prompt_lens or self.default_prompts(decode_steps))
         if seed is not None:
             return self._draw(self._reference, prompt_lens, decode_steps, seed)
-        key = (tuple(prompt_lens), decode_steps)
+        key = (prompt_lens, decode_steps)
         ready = self._next_scenario.pop(key, None)
         self._next_scenario[key] = self._prefetch.submit(
             self._draw, self._reference, prompt_lens, decode_steps
@@ -738,10 +706,12 @@ class Controller:
             self.reference_wait_s += time.perf_counter() - t0
 
     def quiet(self) -> None:
-        """Wait for the scenario drawn in the background, so that it takes no host time from a
-        measurement (the timing gates call it first). Its errors surface where it is used."""
+        """Wait for the scenario drawn in the background and for the standby's load, so that neither
+        takes host time from a measurement (the timing gates call it first). Errors surface where the
+        scenario or the standby is used."""
         for ready in list(self._next_scenario.values()):
             ready.exception()
+        self.link.quiet()
 
     def _draw(
         self,
@@ -766,11 +736,23 @@ class Controller:
 
     def swap(self, group: str, path: str | Path, config: dict[str, Any] | None = None) -> SwapResult:
         """Build candidate `path` for `group` in the worker and swap it in (weights and cache stay).
-        It counts only after `verify` passes; a build failure is recorded and the stock kernel stays."""
+        It counts only after `verify` passes; a build failure is recorded and the stock kernel stays.
+        A worker that imported a candidate which is no longer in is retired first."""
         path = str(Path(path).resolve())
+        in_plan = {p for p, _ in [*self.accepted.values(), *self.pending.values()]}
+        if self._touched - in_plan:
+            self.retired += 1
+            self._retire()
         t0 = time.perf_counter()
         try:
-            r = self._call("swap", self.budget_s, group=group, path=path, config=config)
+            staged = self.link.stage(path)
+        except UserError as e:
+            fault = Fault(group, path, "build", str(e))
+            self.faults.append(fault)
+            return SwapResult(group, path, False, fault=fault)
+        self._touched.add(path)
+        try:
+            r = self._call("swap", self.budget_s, group=group, path=staged, config=config)
         except WorkerLost as lost:
             (fault,) = self._lost(lost, {group: path})
             return SwapResult(group, path, False, round_trip_s=time.perf_counter() - t0, fault=fault)
@@ -793,7 +775,7 @@ class Controller:
         self,
         group: str | None = None,
         *,
-        prompt_lens: tuple[int, ...] = (7, 3),
+        prompt_lens: tuple[int, ...] | None = None,
         decode_steps: int = 4,
         seed: int | None = None,
     ) -> GateResult:
@@ -856,6 +838,8 @@ class Controller:
             max_ctx=scenario_ctx(scenario),
             group=group,
         )
+        if "__error__" in r:
+            raise CandidateRaised(r["__error__"]["message"])
         got = answer_logits(r, len(scenario))
         verdict = judge(scenario, got, dtype, tol)
         if not verdict.ok and swapped and "failed_step" not in r:
@@ -880,35 +864,106 @@ class Controller:
         self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None
     ) -> tuple[SwapResult, GateReport | None]:
         """Swap, run every gate of `polymorph.engine.gates` (each outcome recorded in the report, each
-        failure in `faults`), and only then measure the group (fast tier) with the timing gates. The
-        candidate stays in only when all pass; the report's `measurement` is the timing that counts."""
+        failure in `faults`), and only then time the group with the timing gates. The candidate stays
+        in only when all pass; the report's `measurement` is the timing that counts. Whatever the
+        verdict, the worker it ran in is retired afterwards (the standby, loaded meanwhile, takes its
+        place with the accepted candidates)."""
         from polymorph.engine.gates import run_gates
 
         swap = self.swap(group, path, config)
         if not swap.ok:
+            self._retire_touched()
             return swap, None
         report = run_gates(self, group, swap.kernel, config, seed=seed)
         self.faults += report.faults
         if report.ok:
             self.accepted[group] = self.pending.pop(group)
-        elif group in self.pending:  # still in the worker (a lost worker came back without it)
-            self.restore(group)
+        else:
+            self.pending.pop(group, None)
+            self.accepted.pop(group, None)
+        self._retire_touched()
         return swap, report
 
+    def _retire_touched(self) -> None:
+        if self._touched:
+            self.retired += 1
+            self._retire()
+
     def measure(self, tier: str = "fast", trials: int = 20, group: str | None = None) -> dict[str, Any]:
-        """Time the engine as it stands (tier "slow": whole decode steps at the loaded bucket; "fast":
-        each group's launch alone, or `group`'s). A candidate that hangs here is recorded and the
-        worker replaced; the result then carries `fault`."""
+        """Time the engine as it stands, by this process's clock (tier "slow": whole decode steps at the
+        loaded bucket on fresh tokens; "fast": each group's launch alone, or `group`'s, on fresh
+        inputs at the bucket's decode step; `polymorph.engine.timing`). A candidate that hangs here is
+        recorded and the worker replaced; the result then carries `fault`."""
+        if tier not in ("fast", "slow") or trials < 1:
+            raise UserError(f"tier must be fast or slow (not {tier!r}) and trials >= 1")
+        self.quiet()
         try:
-            return self._call("measure", self.budget_s, tier=tier, trials=trials, group=group)
+            if tier == "slow":
+                return self._measure_steps(trials)
+            ids = (
+                [g["id"] for g in self.loaded["groups"]] if group is None else [self.plan_group(group)["id"]]
+            )
+            rng = np.random.default_rng()
+            groups: dict[str, Any] = {}
+            bindings: dict[str, int] = {}
+            for gid in ids:
+                try:
+                    t = time_group(self, self.group_info(gid), rng, trials=trials)
+                except Undrawable as e:
+                    groups[gid] = {"skipped": str(e)}
+                    continue
+                except CandidateRaised as e:
+                    groups[gid] = {"error": str(e)}
+                    continue
+                groups[gid] = {**t.to_json(), "failures": t.failures}
+                bindings = t.bindings
+            return {"tier": tier, "timer": TIMER, "trials": trials, "groups": groups, "bindings": bindings,
+                    "engine": "full engine"}  # fmt: skip
         except WorkerLost as lost:
             # Which one hung is unknown (an accepted candidate may hang only at the bucket's shapes):
             # every candidate in place takes the blame and none is re-applied.
             blame = {g: p for g, (p, _) in {**self.accepted, **self.pending}.items()}
             return {"tier": tier, "fault": [f.__dict__ for f in self._lost(lost, blame)]}
 
+    def _measure_steps(self, trials: int) -> dict[str, Any]:
+        """Whole decode steps on fresh tokens this process drew, timed by its own clock over rounds of
+        `trials` steps (fixed costs of a request taken off by a second, shorter request)."""
+        batch = int(self.loaded["bucket"]["batch"])
+        rng = np.random.default_rng()
+
+        def round_s(n: int) -> float:
+            io = self._steps_arena(n, batch)
+            tokens = rng.integers(0, self.vocab, size=(n, batch, 1), dtype=np.int32)
+            io.arrays["logits"][...] = np.nan
+            t0 = time.perf_counter()
+            io.arrays["tokens"][...] = tokens
+            r = self._call("measure", self.budget_s, io=io.manifest())
+            wall = time.perf_counter() - t0
+            if "__error__" in r:
+                raise CandidateRaised(r["__error__"]["message"])
+            if not np.isfinite(io.arrays["logits"]).all():
+                raise CandidateRaised("whole steps left logits unwritten or not finite")
+            return wall
+
+        short = round_s(1)
+        times = [max((round_s(trials + 1) - short) / trials, 1e-9) for _ in range(3)]
+        return {"tier": "slow", "timer": TIMER, "trials": trials, "median_s": float(np.median(times)),
+                "spread_s": float(max(times) - min(times)), "total_s": float(sum(times) * trials)}  # fmt: skip
+
+    def _steps_arena(self, n: int, batch: int) -> Arena:
+        key = ("steps", n, batch)
+        arena = self._arenas.get(key)
+        if arena is None:
+            self.link.io_dir.mkdir(parents=True, exist_ok=True)
+            arena = Arena.create(self.link.io_dir, f"steps-{uuid.uuid4().hex[:12]}", [
+                ("tokens", np.dtype(np.int32), (n, batch, 1)),
+                ("logits", np.dtype(np.float32), (n, batch, self.vocab)),
+            ])  # fmt: skip
+            self._arenas[key] = arena
+        return arena
+
     def status(self) -> dict[str, Any]:
-        return self._call_engine("status")
+        return {**self._call_engine("status"), "sandbox": dict(self.layers)}
 
     def reset(self) -> list[str]:
         """Stock kernels everywhere and a zeroed cache."""
@@ -916,3 +971,20 @@ class Controller:
         self.accepted.clear()
         self.pending.clear()
         return restored
+
+
+TIMER = "the controller's perf_counter around batches of checked calls (polymorph.engine.timing)"
+LONG_PROMPT = 256  # the longest prompt of the model-level scenario (group cases reach the full context)
+
+
+def _arena_print(weights: Mapping[str, np.ndarray]) -> str:
+    """A fingerprint of every byte of the weights (per array: its sum and its xor as 64-bit words)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        a = np.ascontiguousarray(weights[name]).view(np.uint8).reshape(-1)
+        pad = (-a.size) % 8
+        words = np.concatenate([a, np.zeros(pad, np.uint8)]).view(np.uint64) if pad else a.view(np.uint64)
+        h.update(f"{name}:{int(words.sum(dtype=np.uint64))}:{int(np.bitwise_xor.reduce(words))}".encode())
+    return h.hexdigest()

@@ -1,43 +1,56 @@
 """The gates a candidate kernel passes before its timing counts, run by the controller.
 
-The worker is untrusted: it runs the candidate and reports what came out; every comparison happens
-here, against the stock kernel and the numpy reference the controller holds. `run_gates` takes a
-candidate already swapped into `group` and ends each gate in a named `Gate` with its cause:
+The worker is hostile: it runs the candidate and leaves what came out in the controller's shared
+memory; every comparison happens here, against the stock kernel and the numpy reference the
+controller holds, and every time is taken by the controller's clock (`polymorph.engine.timing`).
+`run_gates` takes a candidate already swapped into `group` and ends each gate in a named `Gate` with
+its cause:
 
   numerics                  the group alone (op `run_group`) on fresh random inputs from several
-                            distributions, over several shapes of the loaded bucket (odd sizes
-                            included), into output buffers poisoned with NaN: within the op tolerance
+                            distributions, over the shapes of the loaded bucket (odd sizes included,
+                            and its decode step at batch >= 2 with ragged contexts up to the bucket's
+                            longest), into output buffers poisoned with NaN: within the op tolerance
                             of the reference, or no worse than a few times the stock kernel's own
                             error. NaN never passes.
-  honesty.inputs_unchanged  each input's checksum, taken by the worker around every launch, is the
-                            same after it (a cache written in place by design excepted)
+  honesty.inputs_unchanged  every input the controller wrote holds the same bytes after the launch
+                            (a cache written in place by design excepted)
   honesty.input_dependence  where the stock kernel's output changes with the inputs (same shape,
                             other values), the candidate's changes too: no constant or cached answers
   honesty.output_prefill    the same inputs into buffers prefilled with 0 and with -7.5 give the same
                             output: every element is written
-  honesty.completion        the output does not change after the launch returned: no work left running
+  honesty.completion        the output does not change after the answer came (the worker thawed for
+                            a moment and frozen again): no work left running
   honesty.determinism       where the stock kernel is bitwise deterministic, two runs of the candidate
                             on the same inputs agree bitwise
-  quality                   teacher-forced logits of the whole model, prefill and decode steps, against
-                            the reference (the scenario of `polymorph.verify.numerics`); at a step the
-                            stock plan misses too, within STOCK_SLACK of the stock plan's own error
-  kv_isolation              interleaved sequences decode as they do alone; the guard block stays zero;
-                            blocks the stock kernel wrote before a swap decode right after it
-  timing.wall_clock         the worker's timer agrees with the host's wall clock around the measured
-                            calls (two trial counts, so that fixed costs cancel). The worker puts the
-                            host clock back at every swap and says when a candidate replaced it since;
-                            a disagreement without that is checked again on a fresh worker before the
-                            candidate is blamed. The worker is replaced after a failure.
-  timing.roofline           the measured time implies no bandwidth or FLOP rate above the profile's
-                            roofline (`hw.roofline_seconds` of `predict.group_cost`)
+  quality                   teacher-forced logits of the whole model, prefill and decode steps (three
+                            sequences, one as long as the bucket allows, decoded together), against
+                            the reference; at a step the stock plan misses too, within STOCK_SLACK of
+                            the stock plan's own error
+  kv_isolation              interleaved sequences decode as they do alone; the guard regions stay
+                            zero; blocks the stock kernel wrote before a swap decode right after it
+  timing.checked            the calls the controller timed, some chosen after each round's answer,
+                            match the reference: a kernel that skips work while timed fails here
+  timing.roofline           the time implies no bandwidth or FLOP rate above the profile's roofline
+                            (`hw.roofline_seconds`); on a profile without figures (cpu), no rate
+                            above what this host copies and multiplies, measured here on the spot
+  sandbox                   the candidate did nothing the sandbox blocks (a file, socket, signal or
+                            process it may not reach; a forbidden system call) and left no process
+                            running in the worker
+  honesty.tamper            the worker's clocks and the functions of torch and numpy are the ones it
+                            was loaded with
+  state.weights             every weight holds the bytes it held at load
 
-The timing gates run only when every other gate passed; their measurement is the one that counts. A
-worker lost during a gate (hang, crash) fails that gate and is replaced without the candidate; the
-gates after it are "not run".
+The timing gates run only when every gate before them passed; their measurement is the one that
+counts. The integrity gates (sandbox, tamper, weights) run last, whatever came before, unless the
+worker was lost. A worker lost during a gate (hang, crash) fails that gate and is replaced without
+the candidate; the gates after it are "not run". Whatever the verdict, the controller retires the
+worker afterwards.
 """
 
 from __future__ import annotations
 
+import errno
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,15 +58,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polymorph.engine.cases import (
+    DISTRIBUTIONS,
+    GroupInfo,
+    Undrawable,
+    draw,
+    reference_outputs,
+)
+from polymorph.engine.cases import error as _error
+from polymorph.engine.timing import time_group
+from polymorph.engine.wire import CandidateRaised, WorkerLost
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
-from polymorph.ir.shapes import concrete
-from polymorph.kvcache import PagedKVCache
 from polymorph.tolerance import compare, model_tolerance, op_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside
 
 if TYPE_CHECKING:
-    from polymorph.engine.controller import Controller, Fault
+    from polymorph.engine.controller import CallsResult, Controller, Fault
 
 NUMERICS = "numerics"
 INPUTS_UNCHANGED = "honesty.inputs_unchanged"
@@ -63,26 +84,42 @@ COMPLETION = "honesty.completion"
 DETERMINISM = "honesty.determinism"
 QUALITY = "quality"
 KV_ISOLATION = "kv_isolation"
-WALL_CLOCK = "timing.wall_clock"
+CHECKED = "timing.checked"
 ROOFLINE = "timing.roofline"
+SANDBOX = "sandbox"
+TAMPER = "honesty.tamper"
+WEIGHTS = "state.weights"
 GROUP_GATES = (NUMERICS, INPUTS_UNCHANGED, INPUT_DEPENDENCE, OUTPUT_PREFILL, COMPLETION, DETERMINISM)
 MODEL_GATES = (QUALITY, KV_ISOLATION)
-TIMING_GATES = (WALL_CLOCK, ROOFLINE)
-STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing"}
+TIMING_GATES = (CHECKED, ROOFLINE)
+INTEGRITY_GATES = (SANDBOX, TAMPER, WEIGHTS)
+STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing", INTEGRITY_GATES: "integrity"}
 
-DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
 GUARD_WHERE = " (the guard block, blocks no sequence owns, or slots past a sequence's last token)"
 CAPTURED = "captured"  # the reference's own activations, from a run of the whole model (the scenario's)
+LONGEST = "normal, ragged contexts up to the bucket's longest"
 NEAR_TIE_EPS = 4  # a router margin under this many epsilons may route differently (verify.numerics)
 STOCK_ERROR_FACTOR = 4.0  # a candidate may be this many times less accurate than the stock kernel
 SETTLE_S = 0.05  # how long after a launch returned its outputs must stay as they were
-WALL_CLOCK_FRACTION = 0.5  # the worker's timed trials must cover this much of the host's wall clock
-WALL_CLOCK_MIN_S = 0.05  # extra trials until they take this long on the host's clock
 # Calibrated figures are achievable rates, not peaks: a kernel may beat them a little, never by more.
 ROOFLINE_SLACK = 1.25
+# On a host measured on the spot (no profile figures): its copy and matmul rates are lower bounds of
+# what it can do, not its peak; a kernel may beat them by this much, not more.
+HOST_SLACK = 4.0
 
 # Rounding unit of the float formats a kernel might secretly compute in, for a cause that names it.
 _EPS = {"f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7}
+# What a candidate's error says when the sandbox stopped it: no permission (Landlock, seccomp), no
+# network (an empty network namespace), no such process (a pid namespace hides everything outside).
+_BLOCKED = re.compile(
+    r"PermissionError|Operation not permitted|Permission denied|Network is unreachable|ProcessLookupError"
+    r"|No such process|"
+    + "|".join(f"\\[Errno {n}\\]" for n in (errno.EPERM, errno.EACCES, errno.ENETUNREACH))
+)
+
+
+def blocked_by_sandbox(cause: str) -> bool:
+    return bool(_BLOCKED.search(cause))
 
 
 @dataclass(frozen=True)
@@ -105,7 +142,7 @@ class GateReport:
     kernel: str
     gates: list[Gate] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    measurement: dict[str, Any] | None = None  # the fast-tier timing that counts, when all passed
+    measurement: dict[str, Any] | None = None  # the timing that counts, when all passed
     steps: list[StepCheck] = field(default_factory=list)  # the quality gate's teacher-forced steps
     seconds: dict[str, float] = field(default_factory=dict)  # host time per stage: group, model, timing
 
@@ -120,16 +157,12 @@ class GateReport:
         return [g for g in self.gates if g.verdict == "fail"]
 
 
-class _CandidateRaised(Exception):
-    """The candidate raised inside the worker (a `candidate_run` or `candidate_build` error)."""
-
-
 def run_gates(
     engine: Controller, group: str, kernel: str, config: dict[str, Any] | None, *, seed: int | None = None
 ) -> GateReport:
     """Every gate on the candidate swapped into `group`; the report's faults are the failed gates'.
-    Swapping back (or accepting) is the caller's."""
-    from polymorph.engine.controller import Fault, WorkerLost
+    Swapping back (or accepting) and retiring the worker are the caller's."""
+    from polymorph.engine.controller import Fault
 
     run = _Run(engine, group, kernel, config, np.random.default_rng(seed), seed)
     report = GateReport(group, kernel)
@@ -137,6 +170,7 @@ def run_gates(
         (GROUP_GATES, run.group_gates),
         (MODEL_GATES, run.model_gates),
         (TIMING_GATES, lambda: run.timing_gates(report)),
+        (INTEGRITY_GATES, run.integrity_gates),
     ]
     for names, stage in stages:
         if names is TIMING_GATES and not report.ok:
@@ -148,17 +182,26 @@ def run_gates(
         raised = None
         try:
             gates = stage()
-        except _CandidateRaised as e:
-            gates = _fail_rest(names, run.current, f"the candidate raised: {e}")
+        except CandidateRaised as e:
+            cause = str(e)
+            if blocked_by_sandbox(cause):
+                gates = [
+                    Gate(SANDBOX, "fail", f"the sandbox blocked the candidate in {run.current}: {cause}")
+                ]
+                gates += [Gate(n, "not run", "the candidate was stopped by the sandbox") for n in names]
+            else:
+                gates = _fail_rest(names, run.current, f"the candidate raised: {cause}")
             raised = e
         except WorkerLost as lost:
-            report.gates += _fail_rest(names, run.current, f"{lost.how}: {lost}")
+            name = SANDBOX if lost.how == "sandbox" else run.current
+            report.gates += _fail_rest(names, name, f"{lost.how}: {lost}")
             report.faults.append(Fault(group, kernel, lost.how, f"{run.current}: {lost}"))
             engine.replace_worker({group})
             _not_run_rest(report, stages, f"the worker was lost in {run.current}")
             return report
         finally:
             report.seconds[STAGES[names]] = time.perf_counter() - t0
+        gates = [g for g in gates if g.name not in {x.name for x in report.gates}]
         report.gates += gates
         report.steps = run.steps
         report.faults += [Fault(group, kernel, g.name, g.cause) for g in gates if g.verdict == "fail"]
@@ -170,12 +213,8 @@ def run_gates(
             engine.replace_worker({group})
             _not_run_rest(report, stages, "the worker was replaced after its canary failed")
             return report
-        if run.tainted:
-            # The worker answers, but its weights or its timer were tampered with: nothing it runs
-            # counts any more. A fresh one, without the candidate; the gates left have nothing to run.
-            engine.replace_worker({group})
-            _not_run_rest(report, stages, "the worker was replaced after tampering")
-            return report
+    if not report.ok:
+        report.measurement = None  # a time counts only for a candidate every gate passed
     return report
 
 
@@ -201,6 +240,7 @@ class _Case:
     want: list[np.ndarray]  # the reference's outputs
     stock: list[np.ndarray]
     got: list[np.ndarray]
+    after: list[np.ndarray | None]  # the inputs as the candidate's call left them
 
 
 class _Run:
@@ -220,9 +260,10 @@ class _Run:
         self.info = engine.plan_group(group)
         self.graph = engine.graph
         self.types = self.graph.types()
+        self.ginfo = GroupInfo.of(self.info, self.graph, self.types)
         self.current = NUMERICS
-        self.tainted = False
         self.steps: list[StepCheck] = []
+        self.allowed = 0.0  # the worst error the numerics gate allowed (the timed calls' bar)
         self._scenario: list[ScenarioStep] | None = None
 
     @property
@@ -236,21 +277,31 @@ class _Run:
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         r = self.engine.request(op, **fields)
         if "__error__" in r:
-            raise _CandidateRaised(r["__error__"]["message"])
+            raise CandidateRaised(r["__error__"]["message"])
         return r
 
     # --- the group alone -----------------------------------------------------------------------------
 
-    def run_group(
-        self, inputs: list[np.ndarray | None], bindings: dict[str, int], **fields: Any
-    ) -> dict[str, Any]:
-        return self.request("run_group", group=self.group, inputs=inputs, bindings=bindings, **fields)
+    def call(self, inputs: list[np.ndarray | None], bindings: dict[str, int], **fields: Any) -> CallsResult:
+        """One launch of the group (the same request the timing sends many of)."""
+        return self.engine.run_calls(self.ginfo, [inputs], bindings, **fields)
 
     def group_gates(self) -> list[Gate]:
-        shapes = _shapes(int(self.engine.loaded["bucket"]["batch"]))
+        loaded = self.engine.loaded
+        batch = int(loaded["bucket"]["batch"])
+        common = {"block_size": int(loaded["block_size"]), "bucket_ctx": int(loaded["bucket"]["ctx"]),
+                  "vocab": self.engine.vocab}  # fmt: skip
         try:
-            draws = [(shape, dist, *self._draw(shape, dist)) for shape in shapes for dist in DISTRIBUTIONS]
-        except _Undrawable as e:
+            draws = [
+                (shape, dist, *draw(self.ginfo, self.rng, shape, dist, **common))
+                for shape in _shapes(batch)
+                for dist in DISTRIBUTIONS
+            ]
+            # The decode step at batch >= 2, contexts ragged up to the bucket's longest.
+            long_shape = (max(2, batch), 1)
+            draws.append((long_shape, LONGEST, *draw(self.ginfo, self.rng, long_shape, "normal",
+                                                     longest=True, **common)))  # fmt: skip
+        except Undrawable as e:
             return [
                 Gate(n, "skipped", f"not applicable: {e}; the quality gate covers it") for n in GROUP_GATES
             ]
@@ -258,70 +309,48 @@ class _Run:
         if captured is not None:
             draws.append(captured)
         cases: list[_Case] = []
-        responses: list[dict[str, Any]] = []
         for shape, dist, inputs, bindings in draws:
             want = self._reference(inputs, bindings)
-            stock = self.run_group(inputs, bindings, stock=True)["outputs"]
-            r = self.run_group(inputs, bindings)
-            responses.append(r)
-            cases.append(_Case(shape, dist, inputs, bindings, want, stock, r["outputs"]))
-        unchanged = _inputs_unchanged(responses, list(self.info["inputs"]), set(self.graph.params))
-        # A weight written in place damaged the engine itself: nothing it runs counts any more.
-        self.tainted = unchanged.verdict == "fail" and "weight" in unchanged.cause
-        gates = [self._numerics(cases), unchanged, _input_dependence(cases)]
+            stock = self.call(inputs, bindings, stock=True).outputs(0)
+            done = self.call(inputs, bindings)
+            after = [done.input_after(0, j) for j in range(len(inputs))]
+            cases.append(_Case(shape, dist, inputs, bindings, want, stock, done.outputs(0), after))
+        gates = [self._numerics(cases), self._inputs_unchanged(cases), _input_dependence(cases)]
         # Extra runs on the first case: prefill, completion and determinism.
         first = cases[0]
         self.current = OUTPUT_PREFILL
-        zero = self.run_group(first.inputs, first.bindings, fill=0.0)["outputs"]
-        settled = self.run_group(first.inputs, first.bindings, fill=-7.5, settle_s=SETTLE_S)
-        # Once more on other inputs: a late write the host's scheduler happened to hide (the worker
-        # preempted between the launch's return and its copy) shows on the next try.
+        zero = self.call(first.inputs, first.bindings, fill=0.0).outputs(0)
+        settled = self.call(first.inputs, first.bindings, fill=-7.5)
+        late = self.engine.settle(settled, SETTLE_S)
+        # Once more on other inputs: a late write the host's scheduler happened to hide shows here.
         second = cases[1]
-        settled_again = self.run_group(second.inputs, second.bindings, fill=-7.5, settle_s=SETTLE_S)
+        late_again = self.engine.settle(self.call(second.inputs, second.bindings, fill=-7.5), SETTLE_S)
         self.current = DETERMINISM
-        again = self.run_group(first.inputs, first.bindings)["outputs"]
-        stock_again = self.run_group(first.inputs, first.bindings, stock=True)["outputs"]
+        again = self.call(first.inputs, first.bindings).outputs(0)
+        stock_again = self.call(first.inputs, first.bindings, stock=True).outputs(0)
         deterministic = _same(first.stock, stock_again)
-        gates.append(_output_prefill(zero, settled["outputs"], deterministic, self._allowed(first)[0]))
-        gates.append(_completion([settled, settled_again]))
+        gates.append(_output_prefill(zero, settled.outputs(0), deterministic, self._allowed(first)[0]))
+        gates.append(_completion([late, late_again]))
         gates.append(_determinism(first.got, again, deterministic))
         return gates
 
-    def _draw(self, shape: tuple[int, int], dist: str) -> tuple[list[np.ndarray | None], dict[str, int]]:
-        """Inputs for one case: activations (and caches) from `dist`; token ids, positions and block
-        tables as a serving step has them (ragged contexts, blocks scattered through a small pool);
-        None for a weight, which the worker takes from the engine (the model's, as served)."""
-        batch, seq = shape
-        loaded = self.engine.loaded
-        block_size = int(loaded["block_size"])
-        ctx_blocks = max(1, int(loaded["bucket"]["ctx"]) // block_size)
-        per_seq = min(ctx_blocks, -(-(seq + 2 * block_size) // block_size))
-        cache = PagedKVCache(block_size, batch * per_seq + 1, ctx_blocks)
-        positions = []
-        for b in range(batch):
-            cache.reserve(b, int(self.rng.integers(0, per_seq * block_size - seq + 1)))
-            positions.append(cache.reserve(b, seq))
-        bindings = {"batch": batch, "seq": seq, "ctx_blocks": ctx_blocks, "cache_blocks": batch * per_seq + 1}
-        ints = {
-            "positions": np.stack(positions),
-            "block_table": cache.block_table(list(range(batch))),
-            "tokens": self.rng.integers(0, self.engine.vocab, size=(batch, seq), dtype=np.int32),
+    def _inputs_unchanged(self, cases: list[_Case]) -> Gate:
+        alias = self.engine._aliases()
+        producer = {v: n for n in self.graph.nodes if n.name in self.info["nodes"] for v in n.outputs}
+        in_place = {
+            self.info["inputs"].index(producer[v].inputs[0]) for v in self.info["outputs"] if v in alias
         }
-        inputs = []
-        for v in self.info["inputs"]:
-            t = self.types[v]
-            unbound = [d for d in t.shape if isinstance(d, str) and d not in bindings]
-            if unbound:
-                raise _Undrawable(f"input `{v}` has dims {unbound} the gate cannot choose")
-            if v in self.graph.params:
-                inputs.append(None)  # the engine's weights: kernels may rely on them staying put
-            elif t.dtype.is_float:
-                inputs.append(_draw_float(self.rng, dist, concrete(t.shape, bindings)).astype(t.dtype.numpy))
-            elif v in ints:
-                inputs.append(ints[v].astype(t.dtype.numpy))
-            else:
-                raise _Undrawable(f"integer input `{v}` has no known meaning to draw from")
-        return inputs, {k: n for k, n in bindings.items() if k in self.graph.symbols()}
+        for case in cases:
+            for j, (sent, after) in enumerate(zip(case.inputs, case.after, strict=True)):
+                if sent is None or j in in_place or sent.tobytes() == after.tobytes():  # type: ignore[union-attr]
+                    continue
+                name = self.info["inputs"][j]
+                return Gate(
+                    INPUTS_UNCHANGED,
+                    "fail",
+                    f"mutated inputs: input {j} (`{name}`) changed during the launch",
+                )
+        return Gate(INPUTS_UNCHANGED, "pass", f"every input of {len(cases)} launches unchanged")
 
     def _captured(self) -> tuple[tuple[int, int], str, list[np.ndarray | None], dict[str, int]] | None:
         """A case on the activations the reference computed for this group's inputs in a run of the
@@ -351,19 +380,7 @@ class _Run:
         return shape, CAPTURED, inputs, bindings
 
     def _reference(self, inputs: list[np.ndarray | None], bindings: dict[str, int]) -> list[np.ndarray]:
-        from polymorph import reference
-
-        weights, wide = self.engine.weights, self.engine.wide_weights
-        # Weights as the reference holds them (only read: no op writes a weight); the rest copied, since
-        # a cache write updates its input in place.
-        env = {
-            v: weights[v] if a is None else a.copy() for v, a in zip(self.info["inputs"], inputs, strict=True)
-        }
-        by_name = {n.name: n for n in self.graph.nodes}
-        for name in self.info["nodes"]:
-            with np.errstate(over="ignore"):  # exp(-x) of large inputs: inf, and silu(x) = 0 right
-                reference.run_node(by_name[name], env, self.types, bindings, wide)
-        return [np.asarray(env[v]) for v in self.info["outputs"]]
+        return reference_outputs(self.ginfo, self.engine.weights, self.engine.wide_weights, inputs, bindings)
 
     def _allowed(self, case: _Case) -> tuple[float, float]:
         """(the error a candidate may have on this case, the stock kernel's own error on it)."""
@@ -375,6 +392,8 @@ class _Run:
         worst = 0.0
         for case in cases:
             allowed, stock_err = self._allowed(case)
+            if case.dist in (DISTRIBUTIONS[0], LONGEST):
+                self.allowed = max(self.allowed, allowed)
             for i, (got, want) in enumerate(zip(case.got, case.want, strict=True)):
                 err = _error(got, want)
                 worst = max(worst, err)
@@ -393,14 +412,15 @@ class _Run:
                     f"{where}: max error {err:.3g} of the output's row scale, allowed {allowed:.3g} "
                     f"(the stock kernel's: {stock_err:.3g}){_precision_hint(err, dtype)}",
                 )
-        shapes = sorted({c.shape for c in cases if c.dist != CAPTURED})
+        shapes = sorted({c.shape for c in cases if c.dist not in (CAPTURED, LONGEST)})
         captured = [c.shape for c in cases if c.dist == CAPTURED]
         also = f"; activations captured from a run of the model at {captured[0]}" if captured else ""
+        longest = next(c for c in cases if c.dist == LONGEST)
         return Gate(
             NUMERICS,
             "pass",
-            f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} at (batch, seq) {shapes}{also}): "
-            f"worst error {worst:.3g}",
+            f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} at (batch, seq) {shapes}; the decode step at "
+            f"batch {longest.shape[0]} up to the bucket's longest context{also}): worst error {worst:.3g}",
         )
 
     # --- the whole model -----------------------------------------------------------------------------
@@ -505,65 +525,39 @@ class _Run:
     # --- timing --------------------------------------------------------------------------------------
 
     def timing_gates(self, report: GateReport) -> list[Gate]:
-        self.engine.quiet()  # no scenario drawn on the host while the candidate is timed
-        covered, detail, measured = self._wall_clock()
-        if covered < WALL_CLOCK_FRACTION and "replaced by a candidate" not in measured["timer"]:
-            # Not the timer this candidate could have replaced since its swap: something an earlier
-            # candidate left behind, perhaps. Once more on a fresh worker with this candidate in.
-            self.engine.replace_worker(())
-            covered, detail, measured = self._wall_clock()
-        if covered < WALL_CLOCK_FRACTION:
-            self.tainted = True
-            clock = Gate(
-                WALL_CLOCK,
-                "fail",
-                f"timer disagrees with the host wall clock: {detail} ({covered:.0%}); the worker's "
-                f"timer: {measured['timer']}; the worker is replaced",
-            )
-            return [clock, Gate(ROOFLINE, "not run", "no trustworthy measurement")]
-        clock = Gate(WALL_CLOCK, "pass", f"the worker's timer covers {covered:.0%} of the host's wall clock")
-        self.current = ROOFLINE
-        timed = measured["groups"][self.group]
-        roofline = self._roofline(timed["median_s"], measured["bindings"])
-        if roofline.ok:
-            report.measurement = {"tier": "fast", "group": self.group, "trials": measured["trials"], **timed}
-        return [clock, roofline]
-
-    def _wall_clock(self) -> tuple[float, str, dict[str, Any]]:
-        """How much of the host's wall clock the worker's timed trials account for, over the trials
-        one measurement has beyond another (fixed costs cancel); a description; the larger one."""
-        self.current = WALL_CLOCK
-        base_trials = 5
-        t0 = time.perf_counter()
-        first = self._measure(base_trials)
-        wall_first = time.perf_counter() - t0
-        extra = 200
-        while True:
-            t0 = time.perf_counter()
-            second = self._measure(base_trials + extra)
-            wall_extra = time.perf_counter() - t0 - wall_first
-            if wall_extra >= WALL_CLOCK_MIN_S or extra >= 51_200:
-                break
-            extra *= 4
-        reported = second["groups"][self.group]["total_s"] - first["groups"][self.group]["total_s"]
-        covered = reported / wall_extra if wall_extra > 0 else 1.0
-        detail = (
-            f"{extra} extra launches took {wall_extra:.3g} s on the host, "
-            f"the worker's timer reported {reported:.3g} s"
+        self.engine.quiet()  # no scenario drawn and no standby loading on the host while timed
+        self.current = CHECKED
+        dtype = self.types[self.info["outputs"][0]].dtype
+        allowed = max(self.allowed, op_tolerance(dtype).rtol)
+        t = time_group(self.engine, self.ginfo, self.rng, allowed=allowed)
+        if t.failures:
+            return [
+                Gate(CHECKED, "fail", f"{len(t.failures)} of {t.checked} timed calls checked afterwards are "
+                                      f"wrong: {t.failures[0]} (work skipped while timed?)"),
+                Gate(ROOFLINE, "not run", "no trustworthy measurement"),
+            ]  # fmt: skip
+        harness = (
+            f", harness {t.harness_s * 1e6:.3g} us a call taken off (measured on a clean worker)"
+            if t.harness_s
+            else ", no clean worker to measure the harness on: its cost is in the time"
         )
-        return covered, detail, second
-
-    def _measure(self, trials: int) -> dict[str, Any]:
-        return self.request("measure", tier="fast", trials=trials, group=self.group)
+        checked = Gate(
+            CHECKED,
+            "pass",
+            f"{len(t.per_call_s)} rounds of {t.calls} calls on fresh inputs by the controller's clock; "
+            f"{t.checked} calls chosen afterwards match the reference{harness}",
+        )
+        self.current = ROOFLINE
+        roofline = self._roofline(t.raw_median_s, t.bindings)
+        if roofline.ok:
+            report.measurement = {"tier": "fast", "group": self.group, **t.to_json()}
+        return [checked, roofline]
 
     def _roofline(self, median_s: float, bindings: dict[str, int]) -> Gate:
         from polymorph.hw import roofline_seconds
         from polymorph.plan import KernelChoice, PlanGroup
         from polymorph.predict import group_cost
 
-        profile = self.engine.gate_profile()
-        if not profile.has_figures:
-            return Gate(ROOFLINE, "skipped", f"profile `{profile.id}` has no figures to hold the time to")
         info = self.info
         plan_group = PlanGroup(
             info["id"],
@@ -574,6 +568,19 @@ class _Run:
             KernelChoice(info["kernel"], "", {}),
         )
         cost = group_cost(self.graph, plan_group, self.types, bindings)
+        rates = (
+            f"{cost.bytes / max(median_s, 1e-12) / 1e9:.3g} GB/s and "
+            f"{cost.flops / max(median_s, 1e-12) / 1e9:.3g} GFLOP/s"
+        )
+        profile = self.engine.gate_profile()
+        if not profile.has_figures:
+            bandwidth, flop_rate = host_rates(int(cost.bytes))
+            floor_s = max(cost.bytes / (HOST_SLACK * bandwidth), cost.flops / (HOST_SLACK * flop_rate))
+            what = (f"this host's rates measured on the spot ({bandwidth / 1e9:.3g} GB/s copying "
+                    f"{cost.bytes:.3g} B, {flop_rate / 1e9:.3g} GFLOP/s), {HOST_SLACK:g}x")  # fmt: skip
+            if median_s < floor_s:
+                return Gate(ROOFLINE, "fail", f"impossible: {median_s:.3g} s implies {rates}, above {what}")
+            return Gate(ROOFLINE, "pass", f"{median_s:.3g} s ({rates}) within {what}")
         dtype = next(
             (self.types[v].dtype.value for v in info["inputs"] if self.types[v].dtype.is_float), "f32"
         )
@@ -581,10 +588,6 @@ class _Run:
             floor = roofline_seconds(profile, cost.flops, cost.bytes, dtype)
         except UserError as e:
             return Gate(ROOFLINE, "skipped", str(e))
-        rates = (
-            f"{cost.bytes / max(median_s, 1e-12) / 1e9:.3g} GB/s and "
-            f"{cost.flops / max(median_s, 1e-12) / 1e9:.3g} GFLOP/s"
-        )
         if median_s * ROOFLINE_SLACK < floor.floor_s:
             return Gate(
                 ROOFLINE,
@@ -594,9 +597,52 @@ class _Run:
             )
         return Gate(ROOFLINE, "pass", f"{median_s:.3g} s ({rates}) >= roofline floor {floor.floor_s:.3g} s")
 
+    # --- integrity -----------------------------------------------------------------------------------
 
-class _Undrawable(Exception):
-    """The gate cannot draw meaningful inputs for this group."""
+    def integrity_gates(self) -> list[Gate]:
+        engine = self.engine
+        self.current = SANDBOX
+        extra = engine.link.processes()
+        if extra > 0:
+            sandbox = Gate(SANDBOX, "fail", f"the candidate left {extra} process(es) running in the worker")
+        else:
+            sandbox = Gate(SANDBOX, "pass", "nothing blocked by the sandbox; no process left running")
+        self.current = TAMPER
+        if engine.tampered:
+            tamper = Gate(TAMPER, "fail", f"{engine.tampered} while the candidate was in")
+        else:
+            tamper = Gate(TAMPER, "pass", "clocks, torch and numpy functions as loaded")
+        self.current = WEIGHTS
+        changed = engine.weights_intact()
+        weights = (
+            Gate(WEIGHTS, "fail", f"{changed}: the worker is retired")
+            if changed
+            else Gate(WEIGHTS, "pass", "every weight holds the bytes it held at load")
+        )
+        return [sandbox, tamper, weights]
+
+
+_HOST_RATES: dict[int, tuple[float, float]] = {}
+
+
+def host_rates(nbytes: int) -> tuple[float, float]:
+    """(bytes/s this host moves copying about `nbytes` (read and write), FLOP/s of a 256-square f32
+    matmul), measured here, best of a few tries, cached by size class."""
+    size = 1 << max(16, min(28, int(max(nbytes, 1)).bit_length()))
+    if size not in _HOST_RATES:
+        src = np.ones(size // 8, dtype=np.float64)
+        dst = np.empty_like(src)
+        a = np.ones((256, 256), dtype=np.float32)
+        best_copy = best_mm = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            best_copy = min(best_copy, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            a @ a
+            best_mm = min(best_mm, time.perf_counter() - t0)
+        _HOST_RATES[size] = (2 * size / max(best_copy, 1e-9), 2 * 256**3 / max(best_mm, 1e-9))
+    return _HOST_RATES[size]
 
 
 def _eps(graph: Any) -> float:
@@ -625,33 +671,6 @@ def _shapes(batch: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys(shapes))
 
 
-def _draw_float(rng: np.random.Generator, dist: str, shape: tuple[int, ...]) -> np.ndarray:
-    if dist == DISTRIBUTIONS[0]:
-        return rng.standard_normal(shape)
-    if dist == DISTRIBUTIONS[1]:
-        return rng.uniform(-1e3, 1e3, shape)
-    x = rng.standard_normal(shape)
-    n = max(1, x.size // 200)
-    x.flat[rng.choice(x.size, n, replace=False)] = rng.choice([-1e4, 1e4], n)
-    return x
-
-
-def _error(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest error relative to the scale of its row (the last axis), over the whole output; inf
-    where the output is NaN or not finite where the reference is."""
-    a = np.asarray(got, dtype=np.float64)
-    e = np.asarray(want, dtype=np.float64)
-    if a.shape != e.shape or np.isnan(a).any() or (np.isfinite(e) & ~np.isfinite(a)).any():
-        return float("inf")
-    if e.size == 0:
-        return 0.0
-    e = np.where(np.isfinite(e), e, 0.0)
-    a = np.where(np.isfinite(a), a, 0.0)
-    rows = np.abs(e).max(axis=-1, keepdims=True) if e.ndim else np.abs(e)
-    scale = np.maximum(rows, max(float(np.abs(e).max()) * 1e-3, 1e-30))
-    return float((np.abs(a - e) / scale).max())
-
-
 def _precision_hint(err: float, dtype: DType) -> str:
     """When the error looks like the rounding of a narrower format than the group declares."""
     declared = _EPS.get(dtype.value)
@@ -669,21 +688,6 @@ def _precision_hint(err: float, dtype: DType) -> str:
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
-
-
-def _inputs_unchanged(responses: list[dict[str, Any]], names: list[str], weights: set[str]) -> Gate:
-    for r in responses:
-        for i, (before, after) in enumerate(zip(r["checksums_before"], r["checksums_after"], strict=True)):
-            if before == after or i in r["in_place"]:
-                continue
-            if names[i] in weights:
-                cause = (
-                    f"mutated inputs: the engine's weight `{names[i]}` was written; the worker is replaced"
-                )
-            else:
-                cause = f"mutated inputs: input {i} (`{names[i]}`) changed during the launch"
-            return Gate(INPUTS_UNCHANGED, "fail", cause)
-    return Gate(INPUTS_UNCHANGED, "pass", f"every input of {len(responses)} launches unchanged")
 
 
 def _input_dependence(cases: list[_Case]) -> Gate:
@@ -719,18 +723,16 @@ def _output_prefill(
     return Gate(OUTPUT_PREFILL, "pass", "the same output whatever the buffers held before")
 
 
-def _completion(settled: list[dict[str, Any]]) -> Gate:
-    late = [i for r in settled for i, changed in enumerate(r["late"]) if changed]
-    if late:
+def _completion(late: list[list[bool]]) -> Gate:
+    changed = [i for flags in late for i, flag in enumerate(flags) if flag]
+    if changed:
         return Gate(
             COMPLETION,
             "fail",
-            f"output {late[0]} changed within {SETTLE_S:g} s after the launch returned: work still running "
-            "after return (another thread, an unsynchronized stream)",
+            f"output {changed[0]} changed within {SETTLE_S:g} s after the launch returned: work still running "
+            "after return (another thread, an unsynchronized stream, a child process)",
         )
-    return Gate(
-        COMPLETION, "pass", f"outputs unchanged {SETTLE_S:g} s after {len(settled)} launches returned"
-    )
+    return Gate(COMPLETION, "pass", f"outputs unchanged {SETTLE_S:g} s after {len(late)} launches returned")
 
 
 def _determinism(first: list[np.ndarray], again: list[np.ndarray], stock_deterministic: bool) -> Gate:

@@ -83,8 +83,28 @@ from typing import Any
 
 import numpy as np
 
-OPS = ("load", "swap", "verify", "run_group", "measure", "status", "canary", "reset", "shutdown")
-ERROR_KINDS = ("bad_request", "not_loaded", "user", "candidate_build", "candidate_run", "internal")
+OPS = (
+    "load",
+    "swap",
+    "verify",
+    "run_group",
+    "measure",
+    "status",
+    "canary",
+    "fingerprints",
+    "reset",
+    "shutdown",
+    "fork",
+)
+ERROR_KINDS = (
+    "bad_request",
+    "not_loaded",
+    "user",
+    "candidate_build",
+    "candidate_run",
+    "internal",
+    "worker_lost",
+)
 TIERS = ("fast", "slow")
 
 

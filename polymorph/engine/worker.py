@@ -1,20 +1,22 @@
-"""The engine worker: one persistent process per device that runs candidate code.
+"""The engine worker: one persistent process per device that runs candidate code, and so is hostile.
 
-    python -m polymorph.engine.worker [--port 0 | --unix PATH] [--watch-stdin] [--preload BACKEND]
+    python -m polymorph.engine.worker --fd N [--preload BACKEND]
 
-It prints its address as the first line of stdout, then serves the JSON-lines protocol of
-`polymorph.engine.protocol`, one connection at a time. It holds the loaded executable (weights and
-KV cache, allocated once per `load`) and swaps candidate kernels into it: `load_kernel` on the
-candidate's path (a fresh module every time) -> `build(spec, config, target)` -> `executable.swap`.
-It never holds reference outputs: `verify` returns the logits of the steps it is given, `run_group`
-the outputs of one group on the controller's inputs (with input checksums around the launch), and
-the controller compares them (`polymorph.engine.gates`). A candidate that raises is reported with its cause and the worker goes on;
-a candidate that hangs or kills the process is the controller's to handle (it restarts the worker).
+The controller starts it inside the sandbox (`polymorph.engine.sandbox`: its own namespaces, Landlock,
+seccomp) with one end of a socketpair as fd N, its only channel, and serves the JSON-lines protocol of
+`polymorph.engine.protocol` on it until the other end closes. It holds the loaded executable (weights
+mapped read-only from the controller's arena on cpu, the KV cache allocated once per `load`) and
+swaps candidate kernels into it: `load_kernel` on the candidate's path (a fresh module every time) ->
+`build(spec, config, target)` -> `executable.swap`.
 
-With --watch-stdin the worker exits when its stdin closes, so it never outlives the controller that
-started it (a detached engine, started by `polymorph engine start`, runs without it). With --preload
-it does the backend's slow imports before printing its address: the controller keeps such a standby
-worker to replace a lost one quickly.
+Nothing it says is a verdict or a time. It never holds reference outputs: `verify` returns the
+logits of the steps it is given, `run_group` writes one group's outputs on the controller's inputs
+into the controller's arena, and `measure` runs whole steps on the controller's tokens; the
+controller times each request with its own clock, freezes this process's tree when the answer comes,
+and compares (`polymorph.engine.gates`). A candidate that raises is reported with its cause; a
+candidate that hangs or kills the process is the controller's to handle. With --preload it does the
+backend's slow imports before it answers: the controller keeps such a worker, loaded, as the standby
+that replaces the one a candidate ran in.
 """
 
 from __future__ import annotations
@@ -23,38 +25,27 @@ import argparse
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from polymorph.backend import Artifact, Executable, registry
 from polymorph.engine import protocol
+from polymorph.engine.arena import Arena
 from polymorph.errors import UserError
-from polymorph.ir.shapes import concrete
 from polymorph.kernel_files import KernelSpec, Launch, load_choice, load_kernel
 from polymorph.kvcache import GUARD_BLOCK, PagedKVCache
 from polymorph.lowering import kernel_spec
 from polymorph.plan import PlanGroup
 from polymorph.target import Target
 
-# The verify scenario the controller sends (two sequences, a few decode steps) must fit the cache
-# allocated at load, whatever the bucket: the cache is never reallocated for it.
-VERIFY_BATCH = 4
-VERIFY_CTX = 64
-# The fast tier's engine: the first layers of the model on the same weights (and the embedding and
-# head), for cheap, low-variance timing of the groups it has; the slow tier runs every layer.
-FAST_LAYERS = 2
-
-# The host clock as the worker found it. A candidate may replace `time.perf_counter_ns` (the timer
-# `measure` reads); every swap puts this one back before it builds, so such a patch lives only as
-# long as the candidate that made it, and `measure` says whether it is in force. The controller's
-# wall-clock cross-check is what catches it; this only tells it whom to blame.
-_HOST_CLOCK = time.perf_counter_ns
+# The verify scenarios the controller sends (up to VERIFY_SEQS sequences, the longest reaching the
+# bucket's context) must fit the cache allocated at load: it is never reallocated for them.
+VERIFY_SEQS = 3
+VERIFY_CTX = 64  # the context a scenario may reach where the bucket's is shorter
 
 
 class CandidateError(Exception):
@@ -74,8 +65,6 @@ class Worker:
 
     def __init__(self) -> None:
         self.exe: Executable | None = None
-        self.fast: Executable | None = None  # the fast tier's few-layer engine, where the model has more
-        self.fast_groups: set[str] = set()
         self.artifact: Artifact | None = None
         self.info: dict[str, Any] = {}
         self.weight_loads = 0
@@ -83,12 +72,14 @@ class Worker:
         self.swaps = 0
         self.cache_blocks = 0
         self.block_size = 0
-        self.bucket = (1, 1)  # (batch, ctx) of the slow tier
+        self.bucket = (1, 1)  # (batch, ctx) of the loaded bucket
         self.current: dict[str, dict[str, Any]] = {}  # group id -> {kernel, sha256, candidate}
         self.stock: dict[str, Launch] = {}  # stock launches, built on first restore
         self.plan_groups: list[dict[str, Any]] = []  # what the controller needs to gate a group
         self.verify_cache: PagedKVCache | None = None  # the sequences of the last verify (fresh=false)
-        self.types: dict[str, Any] | None = None  # the plan graph's value types, once per load
+        self.arenas: dict[str, Arena] = {}  # the controller's io arenas, by path
+        self.views: dict[str, dict[str, Any]] = {}  # torch tensors on their slots, by arena path
+        self.weights_arena: Arena | None = None
         self.stop = False
 
     # --- dispatch ------------------------------------------------------------------------------------
@@ -116,14 +107,26 @@ class Worker:
     # --- ops -----------------------------------------------------------------------------------------
 
     def op_load(self, m: dict[str, Any]) -> dict[str, Any]:
+        """`graph` (an IR JSON file the controller wrote) and `weights` (the manifest of its weights
+        arena, mapped read-only), or `model` (a name or path the worker loads itself: in-process use
+        only; a sandboxed worker cannot read the user's files)."""
         from polymorph import api
         from polymorph.ir import serialize
-        from polymorph.models import load_model
+        from polymorph.models import Model, load_model
         from polymorph.passes import bucket_bindings
 
         t0 = time.perf_counter()
-        options = {k: m[k] for k in ("dtype", "block_size") if m.get(k) is not None}
-        model = load_model(m["model"], **options)
+        if m.get("graph") is not None:
+            graph = serialize.load(m["graph"])
+            model = Model(name=graph.name, graph=graph, source=str(m.get("source") or m["graph"]))
+            if self.weights_arena is not None:
+                self.weights_arena.close()
+            self.weights_arena = Arena.open(m["weights"], writable=False)
+            weights = self.weights_arena.arrays
+        else:
+            options = {k: m[k] for k in ("dtype", "block_size") if m.get(k) is not None}
+            model = load_model(m["model"], **options)
+            weights = model.weights()
         backend = m.get("backend") or "cpu"
         if backend not in ENGINE_BACKENDS:
             raise UserError(
@@ -134,23 +137,20 @@ class Worker:
         artifact = api.lower(
             model, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
         )
-        exe = registry.get(artifact.plan.backend).load(artifact, model.weights())
+        exe = registry.get(artifact.plan.backend).load(artifact, weights)
         self.weight_loads += 1
         bindings = artifact.plan.bindings or bucket_bindings(model.graph, batch=1, ctx=1024)
         batch = int(bindings.get("batch", 1))
         self.block_size = int(model.graph.meta.get("block_size", 16))
         ctx_blocks = int(bindings.get("ctx_blocks", 1))
-        verify_blocks = VERIFY_BATCH * -(-VERIFY_CTX // self.block_size) + 1
+        verify_blocks = VERIFY_SEQS * max(ctx_blocks, -(-VERIFY_CTX // self.block_size)) + 1
         self.cache_blocks = max(int(bindings.get("cache_blocks", 1)), verify_blocks)
         exe.allocate_state(self.cache_blocks)
         self.cache_allocations += 1
         self.exe, self.artifact = exe, artifact
-        self.fast_groups = set()
-        self.fast = self._load_fast(model, backend, m, exe)
         self.bucket = (batch, ctx_blocks * self.block_size)
         self.stock.clear()
         self.verify_cache = None
-        self.types = None
         self.current = {
             g.id: {"kernel": g.kernel.file, "sha256": g.kernel.sha256, "candidate": False}
             for g in artifact.plan.groups
@@ -164,8 +164,8 @@ class Worker:
             "block_size": self.block_size,
             "bucket": {"batch": batch, "ctx": self.bucket[1]},
             "bindings": dict(bindings),
+            "cache_blocks": self.cache_blocks,
             "profile": artifact.plan.profile,
-            "fast_tier": f"{FAST_LAYERS}-layer engine" if self.fast is not None else "the full engine",
         }
         self.plan_groups = [
             {
@@ -178,39 +178,8 @@ class Worker:
             }
             for g in artifact.plan.groups
         ]
-        return {**self.info, "groups": self.plan_groups, "load_s": time.perf_counter() - t0}
-
-    def _load_fast(self, model: Any, backend: str, m: dict[str, Any], exe: Any) -> Any:
-        """The few-layer engine of the fast tier on the full engine's weights (GPU tensors shared), or
-        None where the model has no more layers than that or no config to rebuild it from."""
-        from polymorph import api
-        from polymorph.models import Model
-
-        cfg = model.config
-        if cfg is None or cfg.num_hidden_layers <= FAST_LAYERS:
-            return None
-        graph = model.rebuild(num_layers=FAST_LAYERS)
-        few = Model(name=f"{model.name}-{FAST_LAYERS}l", graph=graph, source=model.source, config=cfg)
-        art = api.lower(
-            few, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
-        )
-        params = getattr(exe, "params", {})
-        on_device = getattr(getattr(exe, "device", None), "type", "cpu") != "cpu"
-        weights = {n: params[n] if on_device else model.weights()[n] for n in graph.params}
-        fast = registry.get(art.plan.backend).load(art, weights)
-        fast.allocate_state(self.cache_blocks)
-        self.fast_groups = {g.id for g in art.plan.groups}
-        return fast
-
-    def _swap_fast(self, group: PlanGroup, launch: Launch | None, kernel: Any, config: Any) -> None:
-        """The same swap in the fast tier's engine, where it has the group."""
-        fast = self.fast
-        if fast is None or group.id not in self.fast_groups:
-            return
-        if callable(getattr(fast, "swap_kernel", None)):
-            fast.swap_kernel(group.id, kernel, config)
-        elif launch is not None:
-            fast.swap(group.id, launch)
+        return {**self.info, "groups": self.plan_groups, "load_s": time.perf_counter() - t0,
+                "watched": watched_digest()}  # fmt: skip
 
     def op_swap(self, m: dict[str, Any]) -> dict[str, Any]:
         group = self._group(m["group"])
@@ -218,7 +187,6 @@ class Worker:
             raise UserError(
                 f"backend `{self.info['backend']}` cannot hot-swap kernels (no Feature.HOT_RELOAD)"
             )
-        time.perf_counter_ns = _HOST_CLOCK  # whatever an earlier candidate did to it
         path = m.get("path")
         if path is None:
             t0 = time.perf_counter()
@@ -228,7 +196,6 @@ class Worker:
                 self.exe.swap_kernel(group.id, None, None)  # type: ignore[union-attr]
             else:
                 self.exe.swap(group.id, launch)  # type: ignore[union-attr]
-            self._swap_fast(group, launch, None, None)
             self.current[group.id] = {
                 "kernel": group.kernel.file,
                 "sha256": group.kernel.sha256,
@@ -270,7 +237,6 @@ class Worker:
             self.exe.swap_kernel(group.id, kernel, config)  # type: ignore[union-attr]
         else:
             self.exe.swap(group.id, launch)  # type: ignore[union-attr]
-        self._swap_fast(group, launch, kernel, config)
         t2 = time.perf_counter()
         self.swaps += 1
         self.current[group.id] = {
@@ -335,106 +301,103 @@ class Worker:
         return lambda: exe.swap(group.id, launch)  # type: ignore[union-attr]
 
     def op_run_group(self, m: dict[str, Any]) -> dict[str, Any]:
-        """One group's launch alone on the caller's inputs, into fresh output buffers prefilled with
-        `fill`; outputs copied the moment the launch returns (cpu executable)."""
+        """`calls` launches of one group, back to back, on inputs the controller wrote into an arena
+        (`io`), into output slots of the same arena (prefilled by the controller); weights are the
+        engine's own tensors. Gates (one call) and timing (many) take this same path: the controller
+        times the request with its own clock and reads the outputs after it froze this process."""
         import torch
 
-        from polymorph.backends.torch_bridge import TORCH_DTYPE, to_numpy, to_torch
-
         group = self._group(m["group"])
-        arrays = m["inputs"]
-        if len(arrays) != len(group.inputs):
-            raise ValueError(f"group `{group.id}` takes {len(group.inputs)} inputs, got {len(arrays)}")
-        params = getattr(self.exe, "params", {})
-        for v, a in zip(group.inputs, arrays, strict=True):
-            if a is None and v not in params:
-                raise ValueError(f"input `{v}` of group `{group.id}` is not a weight: send its values")
+        calls = m["calls"]
         bindings = {str(k): int(v) for k, v in m["bindings"].items()}
-        launch = self._launch_at(group, bindings, stock=bool(m.get("stock")))
+        launch = _noop if m.get("noop") else self._launch_at(group, bindings, stock=bool(m.get("stock")))
+        arena = self._arena(m["io"])
         device = getattr(self.exe, "device", None)
-        fill = m.get("fill", "nan")
+        on_host = device is None or getattr(device, "type", "cpu") == "cpu"
+        params = getattr(self.exe, "params", {})
         graph = self.artifact.plan.graph  # type: ignore[union-attr]
-        types = self._types()
         producer = {v: n for n in graph.nodes if n.name in group.nodes for v in n.outputs}
         alias = getattr(self.exe, "alias", {})
-        # Weights are the engine's own persistent tensors (a kernel may prepack them once); every
-        # other input is a copy in the worker's own memory, never the wire buffer.
-        ins = [
-            params[v] if a is None else to_torch(np.asarray(a), device).clone()
-            for v, a in zip(group.inputs, arrays, strict=True)
-        ]
-        outs: list[Any] = []
-        in_place: list[int] = []
-        for v in group.outputs:
-            if v in alias:  # a cache write: its output is the cache tensor it was given, written in place
-                i = group.inputs.index(producer[v].inputs[0])
-                outs.append(ins[i])
-                in_place.append(i)
-                continue
-            t = types[v]
-            out = torch.empty(concrete(t.shape, bindings), dtype=TORCH_DTYPE[t.dtype], device=device)
-            out.fill_(_fill_value(fill, t.dtype.is_float))
-            outs.append(out)
-        before = [_fingerprint(x) for x in ins]
+        staged: list[tuple[list[Any], list[Any]]] = []
+        for call in calls:
+            if len(call["inputs"]) != len(group.inputs) or len(call["outputs"]) != len(group.outputs):
+                raise ValueError(f"group `{group.id}` takes {len(group.inputs)} inputs and "
+                                 f"{len(group.outputs)} outputs")  # fmt: skip
+            ins = []
+            for v, name in zip(group.inputs, call["inputs"], strict=True):
+                if name is None:
+                    if v not in params:
+                        raise ValueError(
+                            f"input `{v}` of group `{group.id}` is not a weight: send its values"
+                        )
+                    ins.append(params[v])
+                else:
+                    ins.append(self._view(arena, name, device))
+            outs = []
+            for v, name in zip(group.outputs, call["outputs"], strict=True):
+                if v in alias:  # a cache write: its output is the cache it was given, written in place
+                    outs.append(ins[group.inputs.index(producer[v].inputs[0])])
+                else:
+                    outs.append(self._view(arena, name, device))
+            staged.append((ins, outs))
         try:
             with torch.inference_mode():
-                launch(ins, outs, None)
+                for ins, outs in staged:
+                    launch(ins, outs, None)
+                self._sync()
         except Exception as e:  # the candidate raised
             raise CandidateError("candidate_run", f"group `{group.id}` raised {_cause(e)}") from None
-        # As they were when the launch returned; on a GPU the copy waits for the current stream only,
-        # so work a candidate pushed to another stream or thread shows up as a late change below.
-        got = [to_numpy(o).copy() for o in outs]
-        after = [_fingerprint(x) for x in ins]
-        late: list[bool] = []
-        settle_s = float(m.get("settle_s", 0.0))
-        if settle_s > 0:
-            time.sleep(settle_s)
-            self._sync()
-            late = [to_numpy(o).tobytes() != g.tobytes() for o, g in zip(outs, got, strict=True)]
-        return {
-            "outputs": got,
-            "checksums_before": before,
-            "checksums_after": after,
-            "in_place": in_place,
-            "late": late,
-        }
+        if not on_host:  # device buffers back into the arena (host views need no copy)
+            for call, (ins, outs) in zip(calls, staged, strict=True):
+                for name, t in [*zip(call["inputs"], ins), *zip(call["outputs"], outs)]:
+                    if name is not None:
+                        arena.arrays[name][...] = _numpy(t)
+        return {"calls": len(calls), "watched": watched_digest()}
+
+    def _view(self, arena: Arena, name: str, device: Any) -> Any:
+        """A torch tensor on arena slot `name`, made once per mapping (host: the shared pages
+        themselves; a device: a buffer of its own, filled from the slot at every call)."""
+        views = self.views.setdefault(str(arena.path), {})
+        t = views.get(name)
+        if t is None:
+            t = views[name] = _tensor(arena.arrays[name], device)
+        elif device is not None and getattr(device, "type", "cpu") != "cpu":
+            t.copy_(_tensor(arena.arrays[name], None), non_blocking=True)
+        return t
+
+    def _arena(self, manifest: dict[str, Any]) -> Arena:
+        """The controller's io arena, mapped once per path (it reuses the file across requests)."""
+        path = str(manifest["path"])
+        arena = self.arenas.get(path)
+        if arena is None or arena.entries != manifest["entries"]:
+            if arena is not None:
+                self.views.pop(path, None)
+                arena.close()
+            arena = self.arenas[path] = Arena.open(manifest, writable=True)
+        return arena
 
     def op_measure(self, m: dict[str, Any]) -> dict[str, Any]:
-        tier = m.get("tier", "fast")
-        trials = int(m.get("trials", 20))
-        if tier not in protocol.TIERS or trials < 1:
-            raise ValueError(f"tier must be one of {protocol.TIERS} and trials >= 1")
+        """Whole decode steps at the loaded bucket (batch, its longest ctx) on the tokens the
+        controller wrote into `io` (`tokens`: [trials, batch, 1]); each step's logits into `logits`
+        [trials, batch, vocab]. The cache is restored afterwards. The controller times the request."""
+        io = self._arena(m["io"])
+        tokens, out = io.arrays["tokens"], io.arrays["logits"]
         batch, ctx = self.bucket
         self.verify_cache = None
         positions, table = self._fresh_cache(ctx).decode_step(batch, ctx)  # at the bucket's longest context
-        vocab = int(self.artifact.plan.graph.params["model.embed_tokens.weight"].shape[0])  # type: ignore[union-attr]
-        rng = np.random.default_rng()
-
-        def inputs() -> dict[str, np.ndarray]:
-            tokens = rng.integers(0, vocab, size=(batch, 1), dtype=np.int32)  # fresh content per call
-            return {"tokens": tokens, "positions": positions, "block_table": table}
-
-        timer = "host perf_counter_ns"
-        if time.perf_counter_ns is not _HOST_CLOCK:
-            timer += " (replaced by a candidate)"
         saved = self._save_state()
         try:
-            if tier == "slow":
-                times = _time(lambda: self.exe.run(inputs()), trials, self._sync)  # type: ignore[union-attr]
-                return {"tier": tier, "timer": timer, "trials": trials, **_stats(times)}
-            only = m.get("group")
-            fast = self.fast
-            engine = fast if fast is not None and (only is None or only in self.fast_groups) else self.exe
-            if self._device_timer():
-                groups, bindings = _time_groups_on_device(engine, inputs(), trials, only)
-                timer = "device events around CUDA/HIP graph replays, operands cold in L2"
-            else:
-                groups, bindings = _time_groups(engine, inputs(), trials, only, self._sync)
-            where = f"{FAST_LAYERS}-layer engine" if engine is fast else "full engine"
-            return {"tier": tier, "timer": timer, "trials": trials, "groups": groups, "bindings": bindings,
-                    "engine": where}  # fmt: skip
+            for i in range(tokens.shape[0]):
+                inputs = {"tokens": np.asarray(tokens[i]), "positions": positions, "block_table": table}
+                try:
+                    logits = self.exe.run(inputs)["logits"]  # type: ignore[union-attr]
+                except Exception as e:
+                    raise CandidateError("candidate_run", f"step {i} raised {_cause(e)}") from None
+                out[i] = np.asarray(logits).reshape(out.shape[1:])
+            self._sync()
         finally:
             self._restore_state(saved)
+        return {"trials": int(tokens.shape[0]), "watched": watched_digest()}
 
     def op_status(self, m: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -461,6 +424,12 @@ class Worker:
         first = next(iter(sorted(params)), None)
         return {"value": value, "weight": None if first is None else _fingerprint(params[first])}
 
+    def op_fingerprints(self, m: dict[str, Any]) -> dict[str, Any]:
+        """Every weight's fingerprint, read where it lives (evidence for the controller, which compares
+        them with the values a worker no candidate touched gave at load)."""
+        params = getattr(self.exe, "params", {})
+        return {"weights": {name: _fingerprint(params[name]) for name in sorted(params)}}
+
     def op_reset(self, m: dict[str, Any]) -> dict[str, Any]:
         restored = []
         for gid, entry in list(self.current.items()):
@@ -470,6 +439,9 @@ class Worker:
         self.verify_cache = None
         self._zero_state()
         return {"restored": restored}
+
+    def op_fork(self, m: dict[str, Any]) -> dict[str, Any]:
+        raise UserError("`fork` is answered by a zygote worker (--zygote) only")
 
     def op_shutdown(self, m: dict[str, Any]) -> dict[str, Any]:
         self.stop = True
@@ -482,11 +454,6 @@ class Worker:
             if g.id == group_id:
                 return g
         raise UserError(f"no node group `{group_id}` in this plan")
-
-    def _types(self) -> dict[str, Any]:
-        if self.types is None:
-            self.types = self.artifact.plan.graph.types()  # type: ignore[union-attr]
-        return self.types
 
     def _per_bucket(self) -> bool:
         """GPU executables build a swapped kernel per shape bucket (swap_kernel); cpu ones take one launch."""
@@ -585,27 +552,6 @@ class Worker:
             torch.cuda.synchronize()
 
 
-def _time(fn: Any, trials: int, sync: Any, warmup: int = 2) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(trials):
-        t0 = time.perf_counter_ns()
-        fn()
-        sync()
-        times.append((time.perf_counter_ns() - t0) * 1e-9)
-    return times
-
-
-def _stats(times: list[float]) -> dict[str, float]:
-    return {
-        "median_s": float(np.median(times)),
-        "spread_s": float(max(times) - min(times)),
-        "total_s": float(sum(times)),  # the controller checks it against its own wall clock
-    }
-
-
 CANARY_N = 64  # the canary's matrix: (i % 7) - 3 over CANARY_N x CANARY_N, exact in f32 (and tf32)
 ENGINE_BACKENDS = ("cpu", "cuda", "rocm")  # the backends with a hot-reload shim in the worker
 _FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, never a weight's copy
@@ -658,108 +604,112 @@ def _fill_value(fill: Any, is_float: bool) -> float:
     return float(fill) if is_float else int(fill)
 
 
-def _time_groups_on_device(
-    exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None
-) -> tuple[dict, dict[str, int]]:
-    """The fast tier on a GPU: each group's launch alone by graph replay with its operands cold in L2
-    (GpuExecutable.time_groups), `trials` timed replays each."""
-    from polymorph.backends.torch_bridge import to_torch
-
-    device_inputs = {k: to_torch(v, exe.device) for k, v in inputs.items()}
-    bindings = exe.bindings_of(device_inputs)
-    out = {
-        g.id: {"median_s": med, "spread_s": spread * med, "total_s": total}
-        for g, med, spread, total in exe.time_groups(device_inputs, only, trials=trials)
-    }
-    if only is not None and only not in out:
-        raise UserError(f"no node group `{only}` in this plan")
-    return out, {k: int(v) for k, v in bindings.items()}
+def _noop(inputs: Any, outputs: Any, scratch: Any) -> None:
+    """The empty launch: what the harness costs per call, measured on a worker no candidate touched."""
 
 
-def _time_groups(
-    exe: Any, inputs: Mapping[str, np.ndarray], trials: int, only: str | None, sync: Any
-) -> tuple[dict, dict[str, int]]:
-    """Each group's launch alone, on the inputs one step of `inputs` gives it (cpu executable); also
-    the symbol bindings of that step (the controller's roofline check needs the shapes)."""
+def _tensor(a: np.ndarray, device: Any) -> Any:
+    """A torch view of arena array `a` (on the host), or its copy on the engine's device."""
+    from polymorph.backends.torch_bridge import share_torch
+
+    t = share_torch(a)
+    return t if device is None or getattr(device, "type", "cpu") == "cpu" else t.to(device)
+
+
+def _numpy(t: Any) -> np.ndarray:
+    from polymorph.backends.torch_bridge import to_numpy
+
+    return to_numpy(t)
+
+
+# What a candidate might rebind to change what other code computes or measures: the clocks, and the
+# functions of torch and numpy that kernels and the worker call. Their identities at the first answer
+# (the load's, before any candidate ran) are the baseline; every answer carries the digest over the
+# same names, and the controller rejects a candidate under which it changed. Evidence only (candidate
+# code could patch this too): what counts is the controller's clock and its own comparison of the
+# outputs, and a worker is retired after every candidate.
+_WATCHED: list[tuple[Any, str]] = []
+
+
+def watched_digest() -> str:
+    import hashlib
+
     import torch
 
-    from polymorph.backends.torch_bridge import IR_DTYPE, to_torch
-    from polymorph.reference import bind_leaf_shapes
-
-    out: dict[str, dict[str, float]] = {}
-    if hasattr(exe, "_operands"):  # a GPU executable without its GPU (Triton's interpreter): host clock
-        device_inputs = {k: to_torch(v, exe.device) for k, v in inputs.items()}
-        for g, launch, ins, outs in exe._operands(device_inputs):
-            if only is None or g.id == only:
-                out[g.id] = _stats(_time_rotating(launch, _fresh_sets(ins, set()), outs, trials, sync))
-        if only is not None and only not in out:
-            raise UserError(f"no node group `{only}` in this plan")
-        return out, {k: int(v) for k, v in exe.bindings_of(device_inputs).items()}
-    env: dict[str, Any] = {**exe.params, **exe.state}
-    env.update({k: to_torch(v) for k, v in inputs.items()})
-    bindings = bind_leaf_shapes(exe.graph, {k: (IR_DTYPE[v.dtype], tuple(v.shape)) for k, v in env.items()})
-    with torch.inference_mode():
-        for group, launch in exe.launches:
-            ins = [env[v] for v in group.inputs]
-            outs = [exe._output(v, bindings) for v in group.outputs]
-            if only is None or group.id == only:
-                sets = _fresh_sets(ins, {i for i, v in enumerate(group.inputs) if v in exe.params})
-                out[group.id] = _stats(_time_rotating(launch, sets, outs, trials, sync))
-            else:
-                launch(ins, outs, None)
-            env.update(zip(group.outputs, outs, strict=True))
-    if only is not None and only not in out:
-        raise UserError(f"no node group `{only}` in this plan")
-    return out, {k: int(v) for k, v in bindings.items()}
-
-
-FRESH_SETS = 4  # input sets the cpu fast tier rotates over, so that no two calls in a row see the same
-
-
-def _fresh_sets(ins: list[Any], weights: set[int]) -> list[list[Any]]:
-    """`ins` and FRESH_SETS - 1 variants whose float activations are scaled a little (weights, the
-    indices in `weights`, and integer inputs stay as they are): every timed call sees other content
-    than the one before, so a kernel that memoizes its last answer gains nothing."""
-    from polymorph.backends.gpu.timing import fresh_clone
-
-    return [[t if j in weights else fresh_clone(t, i) for j, t in enumerate(ins)] for i in range(FRESH_SETS)]
-
-
-def _time_rotating(
-    launch: Any, sets: list[list[Any]], outs: list[Any], trials: int, sync: Any
-) -> list[float]:
-    calls = iter(range(1 << 62))
-    return _time(lambda: launch(sets[next(calls) % len(sets)], outs, None), trials, sync)
+    if not _WATCHED:
+        spaces = [time, os, np, np.linalg, torch, torch.Tensor, torch.nn.functional, torch.linalg]
+        _WATCHED.extend(
+            (space, name) for space in spaces for name in sorted(vars(space)) if not name.startswith("_")
+        )
+    ids = [
+        f"{getattr(space, '__name__', '?')}.{name}={id(vars(space).get(name))}" for space, name in _WATCHED
+    ]
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
 # --- the process -------------------------------------------------------------------------------------
 
 
-def serve(listener: socket.socket, worker: Worker) -> None:
-    while not worker.stop:
-        conn, _ = listener.accept()
-        with conn, conn.makefile("rb") as reader:
-            for line in reader:
-                if not line.strip():
+def serve(sock: socket.socket, worker: Worker, *, zygote: bool = False) -> None:
+    """Answer requests on `sock` until the controller closes its end (or sends `shutdown`). A zygote
+    answers `fork` too: a copy of itself, loaded, serving the socket the controller passes."""
+    with sock, sock.makefile("rb") as reader:
+        for line in reader:
+            if not line.strip():
+                continue
+            try:
+                message = protocol.decode(line)
+            except protocol.ProtocolError as e:
+                response = protocol.error(None, "bad_request", str(e))
+            else:
+                if zygote and message.get("op") == "fork":
+                    _fork(sock, reader, worker, message)
                     continue
-                try:
-                    message = protocol.decode(line)
-                except protocol.ProtocolError as e:
-                    response = protocol.error(None, "bad_request", str(e))
-                else:
-                    response = worker.handle(message)
-                conn.sendall(protocol.encode(response))
-                if worker.stop:
-                    return
+                response = worker.handle(message)
+            sock.sendall(protocol.encode(response))
+            if worker.stop:
+                return
 
 
-def _watch_stdin() -> None:
-    sys.stdin.buffer.read()  # returns at EOF: the controller is gone
-    os._exit(0)
+def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, Any]) -> None:
+    """`fork` {threads, load?}: take the socket the controller sends next (SCM_RIGHTS), fork, and in
+    the child serve it as a worker of its own (`threads` torch threads; `load`: load first, for the
+    backends whose device context cannot cross a fork). The zygote never runs candidate code and
+    never starts a thread pool (one torch thread), so every copy starts from a clean, loaded state."""
+    import signal
+    import uuid
+
+    rid = message.get("id")
+    sock.sendall(protocol.encode(protocol.ok(rid, {"await_fd": True})))
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(protocol.encode(protocol.error(rid, "bad_request", "fork: expected one socket")))
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            reader.close()
+            sock.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own children are its own to wait for
+            cache = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"triton-{uuid.uuid4().hex[:12]}")
+            os.makedirs(cache, exist_ok=True)
+            os.environ["TRITON_CACHE_DIR"] = cache  # a compile cache no earlier copy could have planted
+            import torch
+
+            torch.set_num_threads(int(message.get("threads") or 1))
+            if message.get("load"):
+                worker.handle({"id": 0, "op": "load", **message["load"]})
+            serve(socket.socket(fileno=fds[0]), worker)
+        finally:
+            os._exit(0)
+    os.close(fds[0])
+    sock.sendall(protocol.encode(protocol.ok(rid, {"pid": pid})))
 
 
 def _preload(backend: str) -> None:
-    """Do the slow imports (torch, the compile path) before the address is printed, so that a worker
+    """Do the slow imports (torch, the compile path) before the first answer, so that a worker
     started ahead of need answers `load` at once. A failure here is left for `load` to report."""
     import importlib
 
@@ -772,41 +722,27 @@ def _preload(backend: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m polymorph.engine.worker", description=__doc__.splitlines()[0])
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
-    where.add_argument("--unix", type=Path, help="a unix socket path instead of TCP")
-    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin closes")
+    p.add_argument("--fd", type=int, required=True, help="the inherited socket to serve (a socketpair end)")
     p.add_argument(
         "--preload", metavar="BACKEND", help="import the backend's runtime before serving (a standby worker)"
     )
+    p.add_argument("--zygote", action="store_true", help="serve `fork`: copies of this worker, loaded")
     args = p.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    # Nothing goes to stdout: a candidate's prints go to stderr (the worker's log).
+    os.dup2(2, 1)
+    if args.zygote:
+        import signal
+
+        import torch
+
+        torch.set_num_threads(1)  # an OpenMP pool does not survive a fork: the copies start their own
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # copies are reaped as they end
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # pid 1 of its namespace: only handled signals reach it
     if args.preload:
         _preload(args.preload)
-    if args.unix is not None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        args.unix.unlink(missing_ok=True)
-        listener.bind(str(args.unix))
-        address = protocol.format_address("unix", str(args.unix))
-    else:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # A replacement worker binds its lost predecessor's port (Controller._restart of an attached
-        # engine), which the predecessor's closed connections still hold in TIME_WAIT.
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", args.port))
-        address = protocol.format_address("tcp", f"127.0.0.1:{listener.getsockname()[1]}")
-    listener.listen(1)
-    if args.watch_stdin:
-        threading.Thread(target=_watch_stdin, daemon=True).start()
-    print(address, flush=True)
-    # Nothing else goes to stdout: a candidate's prints would fill a pipe nobody reads and hang the
-    # worker, or break a detached engine's closed pipe. They go to stderr (the worker's log).
-    os.dup2(2, 1)
-    try:
-        serve(listener, Worker())
-    finally:
-        listener.close()
-        if args.unix is not None:
-            args.unix.unlink(missing_ok=True)
+    sock.sendall(protocol.encode({"ready": os.getpid()}))
+    serve(sock, Worker(), zygote=args.zygote)
     return 0
 
 

@@ -1,0 +1,156 @@
+"""Inputs for one node group and what the reference makes of them: the cases the gates run and the
+calls the trusted timing checks, drawn on the controller's side.
+
+A case is one call of a group's launch at a (batch, seq) shape: activations (and caches) from a
+distribution, token ids, positions and block tables as a serving step has them (ragged contexts,
+blocks scattered through a small pool), None for a weight, which the worker takes from the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polymorph.ir.shapes import concrete
+from polymorph.kvcache import PagedKVCache
+
+DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
+
+
+class Undrawable(Exception):
+    """No meaningful inputs can be drawn for this group."""
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """What the controller knows of a group of the loaded plan, with the graph it comes from."""
+
+    id: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: tuple[str, ...]
+    graph: Any
+    types: Any
+
+    @classmethod
+    def of(cls, info: dict[str, Any], graph: Any, types: Any) -> GroupInfo:
+        return cls(
+            info["id"], tuple(info["inputs"]), tuple(info["outputs"]), tuple(info["nodes"]), graph, types
+        )
+
+    def is_weight(self, value: str) -> bool:
+        return value in self.graph.params
+
+    def is_state(self, value: str) -> bool:
+        return value in self.graph.state
+
+
+def draw_float(rng: np.random.Generator, dist: str, shape: tuple[int, ...]) -> np.ndarray:
+    if dist == DISTRIBUTIONS[0]:
+        return rng.standard_normal(shape)
+    if dist == DISTRIBUTIONS[1]:
+        return rng.uniform(-1e3, 1e3, shape)
+    x = rng.standard_normal(shape)
+    n = max(1, x.size // 200)
+    x.flat[rng.choice(x.size, n, replace=False)] = rng.choice([-1e4, 1e4], n)
+    return x
+
+
+def draw(
+    group: GroupInfo,
+    rng: np.random.Generator,
+    shape: tuple[int, int],
+    dist: str,
+    *,
+    block_size: int,
+    bucket_ctx: int,
+    vocab: int,
+    longest: bool = False,
+) -> tuple[list[np.ndarray | None], dict[str, int]]:
+    """Inputs for one call at `shape` = (batch, seq). The contexts are ragged: each sequence holds a
+    random number of tokens before the chunk; with `longest`, they range up to the bucket's longest
+    context and the first sequence reaches it (an attention that reads only a prefix, or a kernel that
+    reads another sequence's blocks at long contexts, shows here), else they stay short (a few blocks)."""
+    batch, seq = shape
+    ctx_blocks = max(1, bucket_ctx // block_size)
+    if longest:
+        per_seq = ctx_blocks
+    else:
+        per_seq = min(ctx_blocks, -(-(seq + 2 * block_size) // block_size))
+    room = per_seq * block_size - seq  # tokens a sequence may hold before its chunk
+    cache = PagedKVCache(block_size, batch * per_seq + 1, ctx_blocks)
+    positions = []
+    for b in range(batch):
+        before = room if longest and b == 0 else int(rng.integers(0, room + 1))
+        cache.reserve(b, before)
+        positions.append(cache.reserve(b, seq))
+    bindings = {"batch": batch, "seq": seq, "ctx_blocks": ctx_blocks, "cache_blocks": batch * per_seq + 1}
+    ints = {
+        "positions": np.stack(positions),
+        "block_table": cache.block_table(list(range(batch))),
+        "tokens": rng.integers(0, vocab, size=(batch, seq), dtype=np.int32),
+    }
+    inputs: list[np.ndarray | None] = []
+    for v in group.inputs:
+        t = group.types[v]
+        unbound = [d for d in t.shape if isinstance(d, str) and d not in bindings]
+        if unbound:
+            raise Undrawable(f"input `{v}` has dims {unbound} the gate cannot choose")
+        if group.is_weight(v):
+            inputs.append(None)  # the engine's weights: kernels may rely on them staying put
+        elif t.dtype.is_float:
+            inputs.append(draw_float(rng, dist, concrete(t.shape, bindings)).astype(t.dtype.numpy))
+        elif v in ints:
+            inputs.append(ints[v].astype(t.dtype.numpy))
+        else:
+            raise Undrawable(f"integer input `{v}` has no known meaning to draw from")
+    return inputs, {k: n for k, n in bindings.items() if k in group.graph.symbols()}
+
+
+def vary(
+    inputs: list[np.ndarray | None], group: GroupInfo, rng: np.random.Generator
+) -> list[np.ndarray | None]:
+    """Other content of the same kind for a timed call: every float activation drawn afresh (normal),
+    integer inputs (token ids, positions, block tables) and caches as they are (a cache's content
+    does not change the work; a fresh copy is made per call)."""
+    out: list[np.ndarray | None] = []
+    for v, a in zip(group.inputs, inputs, strict=True):
+        if a is None or group.is_state(v) or not group.types[v].dtype.is_float:
+            out.append(None if a is None else a.copy())
+        else:
+            out.append(rng.standard_normal(a.shape).astype(a.dtype))
+    return out
+
+
+def reference_outputs(
+    group: GroupInfo, weights: Any, wide: Any, inputs: list[np.ndarray | None], bindings: dict[str, int]
+) -> list[np.ndarray]:
+    """The numpy reference's outputs of `group` on `inputs` (weights as the reference holds them)."""
+    from polymorph import reference
+
+    # Weights are only read (no op writes a weight); the rest copied, since a cache write updates its
+    # input in place.
+    env = {v: weights[v] if a is None else a.copy() for v, a in zip(group.inputs, inputs, strict=True)}
+    by_name = {n.name: n for n in group.graph.nodes}
+    for name in group.nodes:
+        with np.errstate(over="ignore"):  # exp(-x) of large inputs: inf, and silu(x) = 0 right
+            reference.run_node(by_name[name], env, group.types, bindings, wide)
+    return [np.asarray(env[v]) for v in group.outputs]
+
+
+def error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest error relative to the scale of its row (the last axis), over the whole output; inf
+    where the output is NaN or not finite where the reference is."""
+    a = np.asarray(got, dtype=np.float64)
+    e = np.asarray(want, dtype=np.float64)
+    if a.shape != e.shape or np.isnan(a).any() or (np.isfinite(e) & ~np.isfinite(a)).any():
+        return float("inf")
+    if e.size == 0:
+        return 0.0
+    e = np.where(np.isfinite(e), e, 0.0)
+    a = np.where(np.isfinite(a), a, 0.0)
+    rows = np.abs(e).max(axis=-1, keepdims=True) if e.ndim else np.abs(e)
+    scale = np.maximum(rows, max(float(np.abs(e).max()) * 1e-3, 1e-30))
+    return float((np.abs(a - e) / scale).max())
