@@ -39,6 +39,7 @@ import numpy as np
 
 from polymorph.engine.arena import Arena
 from polymorph.engine.cases import GroupInfo, Undrawable
+from polymorph.engine.host import start_detached
 from polymorph.engine.link import HostLink, LocalLink
 from polymorph.engine.sandbox import harden_self
 from polymorph.engine.timing import time_group
@@ -195,6 +196,7 @@ class Controller:
         self.profile: Profile | None = None
         self.tampered: str | None = None  # what changed the worker's watched functions, since load
         self._touched: set[str] = set()  # candidate files the current worker imported
+        self._staged: dict[str, str] = {}  # the worker's copy of a candidate -> the file it came from
         self._model: Any = None
         self._reference: ReferenceExecutable | None = None
         self._whole_graph: Any = None  # the model with every position's logits (scenarios), or None
@@ -308,6 +310,7 @@ class Controller:
         """The current worker killed with its whole tree; a loaded one with the candidates in place."""
         keep = {**self.accepted, **self.pending}
         staged = {g: (self.link.stage(p), c) for g, (p, c) in keep.items()}
+        self._staged.update({s: p for (s, _), (p, _) in zip(staged.values(), keep.values(), strict=True)})
         loaded = self.link.retire(staged)
         self._touched = set()
         self.tampered = None
@@ -746,6 +749,7 @@ class Controller:
         t0 = time.perf_counter()
         try:
             staged = self.link.stage(path)
+            self._staged[staged] = path
         except UserError as e:
             fault = Fault(group, path, "build", str(e))
             self.faults.append(fault)
@@ -963,7 +967,12 @@ class Controller:
         return arena
 
     def status(self) -> dict[str, Any]:
-        return {**self._call_engine("status"), "sandbox": dict(self.layers)}
+        """The worker's status, its candidates named by the files they were swapped in from (the
+        worker loads staged copies), and the sandbox's layers."""
+        status = self._call_engine("status")
+        for entry in status.get("groups", {}).values():
+            entry["kernel"] = self._staged.get(entry["kernel"], entry["kernel"])
+        return {**status, "sandbox": dict(self.layers)}
 
     def reset(self) -> list[str]:
         """Stock kernels everywhere and a zeroed cache."""
@@ -972,6 +981,8 @@ class Controller:
         self.pending.clear()
         return restored
 
+
+__all__ = ["Controller", "EngineError", "Fault", "SwapResult", "WorkerLost", "start_detached"]
 
 TIMER = "the controller's perf_counter around batches of checked calls (polymorph.engine.timing)"
 LONG_PROMPT = 256  # the longest prompt of the model-level scenario (group cases reach the full context)

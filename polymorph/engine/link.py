@@ -124,7 +124,14 @@ class HostLink:
 
     def __init__(self, address: str, budget_s: float) -> None:
         self.address = address
-        kind, where = protocol.parse_address(address)
+        self.next_id = 0
+        self._connect(budget_s)
+        self.host: dict[str, Any] = self.host_call("host_status", budget_s)
+
+    def _connect(self, budget_s: float) -> None:
+        if getattr(self, "sock", None) is not None:
+            self.close()
+        kind, where = protocol.parse_address(self.address)
         family = socket.AF_UNIX if kind == "unix" else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.settimeout(budget_s)
@@ -132,10 +139,8 @@ class HostLink:
             self.sock.connect(where)
         except OSError as e:
             self.sock.close()
-            raise EngineError(f"cannot connect to the engine at {address}: {e.strerror or e}") from None
+            raise EngineError(f"cannot connect to the engine at {self.address}: {e.strerror or e}") from None
         self.reader = self.sock.makefile("rb")
-        self.next_id = 0
-        self.host: dict[str, Any] = self.host_call("host_status", budget_s)
 
     @property
     def io_dir(self) -> Path:
@@ -154,12 +159,13 @@ class HostLink:
         rid = self.next_id
         try:
             self.sock.settimeout(timeout)
-            self.sock.sendall(protocol.encode(protocol.request(rid, op, **fields)))
+            self.sock.sendall(protocol.encode(protocol.request(rid, op, **fields, _budget_s=timeout)))
             line = self.reader.readline()
         except TimeoutError:
-            raise WorkerLost(
-                "hang", f"no answer to `{op}` from the engine host within {timeout:g} s"
-            ) from None
+            # This connection is spent (a socket file that timed out cannot be read again); the host
+            # answers a new one once its own wait for the worker ends (it waits as long as we did).
+            self._connect(max(timeout, 30.0))
+            raise WorkerLost("hang", f"no answer to `{op}` from the engine host within {timeout:g} s") from None
         except OSError as e:
             raise EngineError(f"the engine host at {self.address} was lost during `{op}`: {e}") from None
         if not line:

@@ -58,8 +58,16 @@ class WorkerPool:
 
     def publish(self, model: Any, load_args: dict[str, Any]) -> None:
         """Write `model`'s graph and weights where the workers read them; start and load the zygote."""
+        from polymorph.engine.worker import ENGINE_BACKENDS
+        from polymorph.errors import UserError
         from polymorph.ir import serialize
 
+        backend = load_args.get("backend") or "cpu"
+        if backend not in ENGINE_BACKENDS:
+            raise UserError(
+                f"the persistent engine runs on the cpu, cuda and rocm backends, not {backend}: its hot "
+                "reload (recompiling one group's HLO through the content-hashed cache) is not built"
+            )
         self.close()
         self.model_dir.mkdir(parents=True, exist_ok=True)
         self.io_dir.mkdir(parents=True, exist_ok=True)

@@ -280,6 +280,8 @@ class Freezer:
             return []
 
     def freeze(self, budget_s: float = 5.0) -> None:
+        if not self.path.exists():
+            return  # removed with the worker's last process
         (self.path / "freezer.state").write_text("FROZEN\n")
         deadline = time.monotonic() + budget_s
         while (self.path / "freezer.state").read_text().strip() != "FROZEN":
@@ -288,7 +290,10 @@ class Freezer:
             time.sleep(0.0002)
 
     def thaw(self) -> None:
-        (self.path / "freezer.state").write_text("THAWED\n")
+        try:
+            (self.path / "freezer.state").write_text("THAWED\n")
+        except FileNotFoundError:
+            pass  # removed with the worker's last process
 
     def remove(self) -> None:
         for _ in range(500):

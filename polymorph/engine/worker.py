@@ -700,7 +700,9 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
 
             torch.set_num_threads(int(message.get("threads") or 1))
             if message.get("load"):
-                worker.handle({"id": 0, "op": "load", **message["load"]})
+                loaded = worker.handle({"id": 0, "op": "load", **message["load"]})
+                if not loaded.get("ok"):
+                    print(f"error: {loaded['error']['message']}", file=sys.stderr, flush=True)
             serve(socket.socket(fileno=fds[0]), worker)
         finally:
             os._exit(0)
