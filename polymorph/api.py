@@ -52,6 +52,57 @@ def pick_bucket(batch: int | None, ctx: int | None, traffic: str | Path | None) 
     return Bucket(batch, ctx)
 
 
+def check_engine_sizes(
+    model: str | Path,
+    backend: str,
+    target: str | None = None,
+    *,
+    batch: int | None = None,
+    ctx: int | None = None,
+    traffic: str | Path | None = None,
+    dtype: str | None = None,
+    block_size: int | None = None,
+) -> int:
+    """Refuse (UserError, one line) an engine whose sizes cannot work before anything starts: a block
+    size below 1, a batch or context below 1, or weights, KV cache and the largest activation that do
+    not fit in the memory the engine would use (the device's for a GPU backend, else this machine's).
+    Returns the bytes the engine needs."""
+    from functools import partial
+
+    from polymorph.console import quantity
+    from polymorph.models.zoo import available_memory_bytes
+    from polymorph.predict import tensor_bytes
+
+    if block_size is not None and (isinstance(block_size, bool) or block_size < 1):
+        raise UserError(f"--block-size is tokens per KV-cache block and must be at least 1, got {block_size}")
+    bucket = pick_bucket(batch, ctx, traffic)
+    options = {"dtype": dtype} if dtype else {}
+    m = load_model(model, **options, **({"block_size": block_size} if block_size is not None else {}))
+    b = registry.get(backend or knobs.backend)
+    profile = load_profile(target or b.targets[0], knobs.calibration_dir)
+    bindings = bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx)
+    weights = sum(tensor_bytes(t, bindings) for t in m.graph.params.values())
+    kv = sum(tensor_bytes(t, bindings) for t in m.graph.state.values())
+    values = [t for v, t in m.graph.types().items() if v not in m.graph.params and v not in m.graph.state]
+    activations = max((tensor_bytes(t, bindings) for t in values), default=0)
+    need = weights + kv + activations
+    device = profile.memory_bytes() if b.family != "cpu" else None
+    have = device if device is not None else available_memory_bytes()
+    if need > have:
+        q = partial(quantity, unit="B")
+        where = (
+            f"{profile.id} has {q(have)} of device memory"
+            if device
+            else f"this machine has {q(have)} available"
+        )
+        raise UserError(
+            f"an engine for {m.name} at batch {bucket.batch}, context {bucket.ctx} needs about {q(need)} (weights "
+            f"{q(weights)}, KV cache {q(kv)}, largest activation {q(activations)}) but {where}; use a smaller "
+            "--batch or --ctx"
+        )
+    return need
+
+
 def compile(
     model: str | Path | Model,
     backend: str | None = None,
@@ -61,20 +112,21 @@ def compile(
     batch: int | None = None,
     ctx: int | None = None,
     traffic: str | Path | None = None,
+    force: bool = False,
 ) -> Artifact:
     """Lower and compile `model` for `target` (a profile id; default: the backend's first chip).
 
     Needs no device. Costs and predicted times in the report are for one decode step at the bucket.
+    `out` must be missing, empty or a previous compile output unless `force` (polymorph/outdir.py).
     """
+    from polymorph.outdir import claim_out
+
     m = as_model(model)
     b = registry.get(backend or knobs.backend)
     profile = load_profile(target or b.targets[0], knobs.calibration_dir)
     bucket = pick_bucket(batch, ctx, traffic)
     if out is not None:
-        try:
-            Path(out).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot write --out {out}: {e.strerror}") from None
+        claim_out(out, "compile", force=force)
     plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
     plan.model = m.source
     return b.compile(plan, Path(out) if out is not None else None)

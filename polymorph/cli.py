@@ -176,8 +176,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = args.backend or knobs.backend
     model = load_model(args.model, dtype=args.dtype or _default_dtype(backend))
     artifact = api.compile(
-        model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx, traffic=args.traffic
-    )
+        model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx, traffic=args.traffic,
+        force=args.force,
+    )  # fmt: skip
     r = artifact.report
     rows = [
         (
@@ -342,10 +343,14 @@ def _engine_address(args: argparse.Namespace) -> str:
 
 
 def cmd_engine_start(args: argparse.Namespace) -> int:
+    from polymorph import api
     from polymorph.engine.controller import start_detached
     from polymorph.knobs import knobs
 
     backend = args.backend or knobs.backend
+    sizes = dict(batch=args.batch, ctx=args.ctx, traffic=args.traffic, dtype=args.dtype or _default_dtype(backend),
+                 block_size=args.block_size)  # fmt: skip
+    api.check_engine_sizes(args.model, backend, args.target, **sizes)  # before a process starts
     address, pid = start_detached(
         args.model,
         backend,
@@ -354,6 +359,7 @@ def cmd_engine_start(args: argparse.Namespace) -> int:
         ctx=args.ctx,
         traffic=args.traffic,
         dtype=args.dtype or _default_dtype(backend),
+        block_size=args.block_size,
         unix=args.unix,
     )
     print(address, flush=True)  # the first line is the address alone, for scripts
@@ -460,6 +466,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
         agent_command=args.agent_command, agent_endpoint=args.agent_endpoint, agent_model=args.agent_model,
         agent_api_key=knobs.agent_api_key, agent_calls=args.agent_calls, wait_for_posts=args.wait_for_posts,
+        force=args.force,
     )  # fmt: skip
     view = ProgressView()
     try:
@@ -513,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model_args(c)
     c.add_argument("--target", help="chip profile id (default: the backend's first)")
-    c.add_argument("--out", help="output directory")
+    c.add_argument("--out", help="output directory (empty, new, or a previous compile output)")
+    c.add_argument("--force", action="store_true", help="write into a non-empty --out that is not one")
     c.add_argument("--batch", type=int)
     c.add_argument("--ctx", type=int)
     c.add_argument("--traffic", help="traffic shape TOML; the plan is predicted for its heaviest bucket")
@@ -565,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch", type=int)
     e.add_argument("--ctx", type=int)
     e.add_argument("--traffic", help="traffic shape TOML; the slow tier runs its heaviest bucket")
+    e.add_argument(
+        "--block-size", type=int, help="tokens per KV-cache block (default: POLYMORPH_KV_BLOCK_SIZE)"
+    )
     e.add_argument("--unix", help="listen on this unix socket instead of 127.0.0.1")
     e = engine_command(
         "swap", cmd_engine_swap, "swap a candidate kernel into a group and gate it (exit 1: rejected)"
@@ -591,7 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", default="6m", help="wall-clock budget, engine start and final A/B included: 90s, 6m, 2h"
     )
     c.add_argument("--workers", type=int, default=1, help="engines: one per device (processes on cpu)")
-    c.add_argument("--out", default="polymorph-tuned", help="where the tuned plan and the report go")
+    c.add_argument("--out", default="polymorph-tuned", help="where the tuned plan and the report go (empty, "
+                   "new, or a previous tune output, which the run resumes)")  # fmt: skip
+    c.add_argument("--force", action="store_true", help="write into a non-empty --out that is not one")
     c.add_argument("--board", type=Path, help="message board SQLite file (default: OUT/board.sqlite)")
     c.add_argument("--registry", type=Path, help="champion registry (default: POLYMORPH_REGISTRY)")
     c.add_argument("--seed", type=int, default=0, help="the agents' seed")

@@ -54,8 +54,13 @@ def random_weights(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return {name: random_tensor(name, t, seed) for name, t in graph.params.items()}
 
 
-def checkpoint_weights(graph: Graph, tensors: Mapping[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
-    """Map checkpoint tensors onto `graph.params` (cast to the graph's dtype); UserError if one is missing."""
+def checkpoint_weights(
+    graph: Graph, tensors: Mapping[str, np.ndarray], source: str, declared: str | None = None
+) -> dict[str, np.ndarray]:
+    """Map checkpoint tensors onto `graph.params` (cast to the graph's dtype). UserError naming the
+    tensor when one is missing, has another shape, is stored in a dtype the model cannot mean (see
+    `_stored_dtype_fault`; `declared`: config.json's `torch_dtype`), or is wholly NaN or infinite."""
+    expected = _expected_dtype(tensors, declared)
     out: dict[str, np.ndarray] = {}
     for name, t in graph.params.items():
         arr = _find(name, tensors, graph, source)
@@ -64,10 +69,76 @@ def checkpoint_weights(graph: Graph, tensors: Mapping[str, np.ndarray], source: 
             raise UserError(
                 f"{source}: `{name}` has shape {list(arr.shape)}, the model expects {list(shape)}"
             )
+        fault = _stored_dtype_fault(arr.dtype, expected, declared) if t.dtype.is_float else ""
+        if fault:
+            raise UserError(f"{source}: `{name}` {fault}")
+        if t.dtype.is_float and arr.size and not _any_finite(arr):
+            raise UserError(
+                f"{source}: `{name}` is NaN or infinite in every element; the checkpoint is corrupt (a "
+                "failed training run or conversion): re-download or re-export it"
+            )
         out[name] = np.ascontiguousarray(
             arr.astype(np.float32).astype(t.dtype.numpy) if arr.dtype != t.dtype.numpy else arr
         )
     return out
+
+
+# torch dtype names in config.json -> the safetensors name of the same dtype
+_TORCH_NAMES = {"float32": "F32", "float": "F32", "float16": "F16", "half": "F16", "bfloat16": "BF16",
+                "float64": "F64", "double": "F64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}  # fmt: skip
+_FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _safetensors_name(dtype: np.dtype) -> str | None:
+    from polymorph.models.checkpoint import DTYPES
+
+    return next((n for n, d in DTYPES.items() if d == dtype), None)
+
+
+def _expected_dtype(tensors: Mapping[str, np.ndarray], declared: str | None) -> str | None:
+    """The floating dtype the checkpoint's weights are stored in: config.json's, else the one most of
+    its floating tensors have (None: no floating tensor)."""
+    if declared is not None and declared in _TORCH_NAMES:
+        return _TORCH_NAMES[declared]
+    counts: dict[str, int] = {}
+    for arr in tensors.values():
+        name = _safetensors_name(arr.dtype)
+        if name in _FLOATS:
+            counts[name] = counts.get(name, 0) + 1
+    return max(counts, key=lambda n: counts[n]) if counts else None
+
+
+def _stored_dtype_fault(dtype: np.dtype, expected: str | None, declared: str | None) -> str:
+    """Why a weight stored as `dtype` cannot be read as the model's weight ("" when it can): an integer
+    or boolean dtype (a weight is a float), or a float of the checkpoint's byte size but another format
+    (F16 bytes where BF16 is meant read as numbers of the wrong scale). A float of another byte size
+    (F32 norms in a BF16 checkpoint) is a plain cast."""
+    stored = _safetensors_name(dtype) or str(dtype)
+    where = (
+        f"config.json's torch_dtype {declared}"
+        if declared in _TORCH_NAMES
+        else "the checkpoint's other weights"
+    )
+    if stored not in _FLOATS:
+        return (
+            f"is stored as {stored}, but the model's weights are floating point ({expected or 'F32'} per "
+            f"{where}); the checkpoint is mislabelled or not this model's: re-export it"
+        )
+    if expected is not None and stored != expected:
+        from polymorph.models.checkpoint import DTYPES
+
+        if DTYPES[stored].itemsize == DTYPES[expected].itemsize:
+            return (
+                f"is stored as {stored} but the model needs {expected} (per {where}); the same byte size "
+                f"in another format would be read as garbage: re-export the checkpoint in {expected}"
+            )
+    return ""
+
+
+def _any_finite(arr: np.ndarray, chunk: int = 1 << 16) -> bool:
+    """Whether any element is finite, reading chunk by chunk (a real weight answers in the first)."""
+    flat = arr.reshape(-1)
+    return any(np.isfinite(flat[i : i + chunk].astype(np.float32)).any() for i in range(0, flat.size, chunk))
 
 
 def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: str) -> np.ndarray:

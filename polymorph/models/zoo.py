@@ -61,7 +61,8 @@ class Model:
             check_fits(self.name, self.weight_bytes(), self.dtype)
             if self.checkpoint is not None:
                 tensors = load_checkpoint(self.checkpoint)
-                self._weights = checkpoint_weights(self.graph, tensors, str(self.checkpoint))
+                declared = self.config.dtype if self.config is not None else None
+                self._weights = checkpoint_weights(self.graph, tensors, str(self.checkpoint), declared)
             else:
                 self._weights = random_weights(self.graph, self.seed)
         return self._weights

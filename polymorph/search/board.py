@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,6 +422,39 @@ class Board:
                 (now, candidate, worker),
             )
             return cur.rowcount == 1
+
+    def release(self, lost: Callable[[str], bool]) -> int:
+        """Hand back every claim whose worker `lost(worker)` says is gone (a killed tune's worker), so
+        another worker may claim it now instead of when its lease runs out; the claims it used count.
+        Returns how many were handed back."""
+        with self._db.write() as c:
+            rows = c.execute("SELECT id, worker FROM candidates WHERE state = 'claimed'").fetchall()
+            ids = [r["id"] for r in rows if lost(r["worker"])]
+            for cid in ids:
+                c.execute(
+                    "UPDATE candidates SET state = 'open', worker = NULL, lease_until = NULL WHERE id = ?",
+                    (cid,),
+                )
+            return len(ids)
+
+    def reopen(self, candidate: int) -> bool:
+        """Drop the passing result of a done candidate and make it open again, to be measured anew
+        (a tune does this to a pass it did not see its own workers measure). False when it is not
+        done with a passing result."""
+        with self._db.write() as c:
+            row = c.execute(
+                "SELECT c.state, r.ok FROM candidates c JOIN results r ON r.candidate = c.id WHERE c.id = ?",
+                (candidate,),
+            ).fetchone()
+            if row is None or row["state"] != "done" or not row["ok"]:
+                return False
+            c.execute("DELETE FROM results WHERE candidate = ?", (candidate,))
+            c.execute(
+                "UPDATE candidates SET state = 'open', worker = NULL, lease_until = NULL, attempts = 0 "
+                "WHERE id = ?",
+                (candidate,),
+            )
+            return True
 
     def post_result(
         self,

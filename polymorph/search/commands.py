@@ -134,24 +134,27 @@ def cmd_board_results(args: argparse.Namespace) -> int:
 
 def cmd_registry_list(args: argparse.Namespace) -> int:
     registry = _registry(args)
-    rows = [
-        (
-            ch.key.id,
-            ch.key.op_signature,
-            ch.key.bucket,
-            ch.key.profile,
-            ch.key.toolchain,
-            console.seconds(ch.measurement.median_s),
-            console.seconds(ch.measurement.spread_s),
-            ch.agent or "-",
+
+    def shown(ch: Any) -> bool:
+        return (args.op is None or args.op in ch.key.op_signature) and (
+            args.profile is None or ch.key.profile == args.profile
         )
-        for ch in registry.list()
-        if (args.op is None or args.op in ch.key.op_signature)
-        and (args.profile is None or ch.key.profile == args.profile)
+
+    def row(ch: Any, state: str) -> tuple:
+        m = ch.measurement
+        return (ch.key.id, ch.key.op_signature, ch.key.bucket, ch.key.profile, ch.key.toolchain,
+                console.seconds(m.median_s), console.seconds(m.spread_s), ch.agent or "-", state)  # fmt: skip
+
+    rows = [row(ch, "champion") for ch in registry.list() if shown(ch)]
+    # Demoted ones stay on the record, after the champions: never returned as a champion again.
+    rows += [
+        row(d.champion, f"demoted {_when(d.demoted)}: {d.cause}")
+        for d in registry.demoted()
+        if shown(d.champion)
     ]
     console.table(
         f"champions in {registry.path}",
-        ["key", "op signature", "bucket", "chip", "toolchain", "median", "spread", "agent"],
+        ["key", "op signature", "bucket", "chip", "toolchain", "median", "spread", "agent", "state"],
         rows,
     )
     return 0
@@ -197,6 +200,7 @@ def cmd_registry_import(args: argparse.Namespace) -> int:
     console.line(
         f"imported {args.bundle} into {registry.path}: {s.added} new, {s.replaced} faster than the "
         f"registry's, {s.kept} kept the registry's own"
+        + (f", {s.refused} refused: demoted here before (failed re-verification)" if s.refused else "")
     )
     return 0
 

@@ -8,6 +8,10 @@ the agent that proposed it, so the next model or chip can start from it.
 
 `offer` keeps a record only when its median beats the current champion's; bundles (one JSON file,
 sources included) carry champions between registries, and an import keeps the faster of the two.
+Only the tune's trusted side writes a champion (`offer`, after the engine's gates passed it), and
+what a bundle carries is taken as a claim: a tune re-verifies every warm start, and `demote` moves a
+champion that fails there to the demoted records (kept with the cause, never again returned by
+`best`, `related` or `list`, and never taken back from a bundle), so its bucket is tuned again.
 The registry is a SQLite file shared by processes like the board's (it may even be the same file).
 """
 
@@ -247,6 +251,16 @@ class ImportSummary:
     added: int  # keys the registry did not have
     replaced: int  # keys where the bundle's champion was faster
     kept: int  # keys where the registry's own champion was as fast or faster
+    refused: int = 0  # champions this registry demoted before (failed re-verification): not taken back
+
+
+@dataclass(frozen=True)
+class Demotion:
+    """A champion that failed re-verification in a tune, kept for the record."""
+
+    champion: Champion
+    cause: str  # the gate or fault that rejected it when it was re-verified
+    demoted: float  # time.time() of the demotion
 
 
 # --- the store ---------------------------------------------------------------------------------------
@@ -277,6 +291,19 @@ CREATE TABLE champions (
     UNIQUE (op_signature, bucket, profile, toolchain)
 )
 """
+# Added without a schema version change: a registry file from before gains the table on open, and an
+# older polymorph, which does not read it, still never sees a demoted champion (it left `champions`).
+_DEMOTED = """
+CREATE TABLE IF NOT EXISTS demoted (
+    id INTEGER PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL REFERENCES registry_sources (sha256),
+    config TEXT NOT NULL,
+    record TEXT NOT NULL,  -- the champion's bundle form (Champion.to_dict)
+    cause TEXT NOT NULL,
+    demoted REAL NOT NULL
+)
+"""
 
 
 class Registry:
@@ -286,6 +313,8 @@ class Registry:
 
     def __init__(self, path: str | Path) -> None:
         self._db = SqliteFile(path, "registry", self.SCHEMA_VERSION, _SCHEMA, "registry")
+        with self._db.write() as c:
+            c.execute(_DEMOTED)
 
     @property
     def path(self) -> Path:
@@ -301,6 +330,59 @@ class Registry:
             raise UserError(f"offer takes a Champion, got {type(champion).__name__}")
         with self._db.write() as c:
             return self._offer(c, champion)
+
+    def demote(self, key: ChampionKey, sha256: str, config: Mapping[str, Any], cause: str) -> bool:
+        """Move the champion of `key` to the demoted records if it is still the one with this source
+        hash and config (the one that failed re-verification; a faster one offered since stays).
+        True when it was demoted. Only the tune's trusted side calls this, on a verdict of the gates."""
+        if not isinstance(cause, str) or not cause.strip():
+            raise UserError("a demotion needs its cause (the gate that rejected the champion)")
+        config_json = canonical_json(dict(config), "a champion's config")
+        with self._db.write() as c:
+            row = c.execute(
+                "SELECT * FROM champions WHERE key_id = ? AND sha256 = ? AND config = ?",
+                (key.id, sha256, config_json),
+            ).fetchone()
+            if row is None:
+                return False
+            record = canonical_json(self._champion(c, row).to_dict(), "a champion")
+            c.execute(
+                "INSERT INTO demoted (key_id, sha256, config, record, cause, demoted) VALUES (?, ?, ?, ?, ?, ?)",
+                (key.id, sha256, config_json, record, cause, time.time()),
+            )
+            c.execute("DELETE FROM champions WHERE key_id = ?", (key.id,))
+            return True
+
+    def remeasure(
+        self, key: ChampionKey, sha256: str, config: Mapping[str, Any], measurement: Measurement
+    ) -> bool:
+        """Record `measurement`, taken by a tune that re-verified the champion of `key` (the one with
+        this source hash and config), in place of the one it came with: a time a bundle carried is a
+        claim, and a faster kernel must be compared with what was measured here. True when recorded."""
+        if not isinstance(measurement, Measurement):
+            raise UserError(f"remeasure takes a Measurement, got {type(measurement).__name__}")
+        config_json = canonical_json(dict(config), "a champion's config")
+        with self._db.write() as c:
+            cur = c.execute(
+                "UPDATE champions SET median_s = ?, spread_s = ?, trials = ? WHERE key_id = ? AND sha256 = ? "
+                "AND config = ?",
+                (measurement.median_s, measurement.spread_s, measurement.trials, key.id, sha256, config_json),
+            )
+            return cur.rowcount == 1
+
+    def demoted(self) -> list[Demotion]:
+        """Every demotion, oldest first."""
+        with self._db.read() as c:
+            rows = c.execute("SELECT * FROM demoted ORDER BY id").fetchall()
+            out = []
+            for r in rows:
+                src = c.execute(
+                    "SELECT text FROM registry_sources WHERE sha256 = ?", (r["sha256"],)
+                ).fetchone()
+                sources = {r["sha256"]: src["text"]} if src is not None else {}
+                champ = Champion.from_dict(json.loads(r["record"]), sources)
+                out.append(Demotion(champ, r["cause"], r["demoted"]))
+            return out
 
     def best(self, key: ChampionKey) -> Champion | None:
         """The champion of `key`, or None."""
@@ -348,7 +430,12 @@ class Registry:
             return self._champion(c, rows[0])
 
     def export_bundle(self, path: str | Path) -> int:
-        """Write every champion, with its source, to one JSON file; return how many."""
+        """Write every champion, with its source, to one JSON file; return how many. Refused (UserError)
+        onto the registry's own SQLite file or its journal: that would destroy what it exports."""
+        self._refuse_own_file(path, "export the registry onto")
+        if _is_sqlite(Path(path)):  # a board or another registry: a bundle would destroy it
+            raise UserError(f"{path} is a SQLite file (a board or a registry), not a bundle; give a bundle "
+                            "path such as champions.json")  # fmt: skip
         champions = self.list()
         sources = {sha: text for ch in champions for sha, text in ch.shared.items()}
         sources.update({ch.sha256: ch.source for ch in champions})
@@ -369,10 +456,14 @@ class Registry:
     def import_bundle(self, path: str | Path) -> ImportSummary:
         """Read a bundle written by `export_bundle` and keep, per key, the faster of the registry's
         champion and the bundle's. All or nothing: a malformed bundle changes nothing (UserError)."""
+        self._refuse_own_file(path, "import into the registry")
         champions = read_bundle(path)
-        added = replaced = kept = 0
+        added = replaced = kept = refused = 0
         with self._db.write() as c:
             for ch in champions:
+                if self._was_demoted(c, ch):
+                    refused += 1
+                    continue
                 offer = self._offer(c, ch)
                 if offer.previous_s is None:
                     added += 1
@@ -380,9 +471,25 @@ class Registry:
                     replaced += 1
                 else:
                     kept += 1
-        return ImportSummary(added, replaced, kept)
+        return ImportSummary(added, replaced, kept, refused)
 
     # --- internals -------------------------------------------------------------------------------------
+
+    def _refuse_own_file(self, path: str | Path, doing: str) -> None:
+        own = [self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))]
+        if any(_same_file(Path(path), p) for p in own):
+            raise UserError(
+                f"{path} is the registry's own SQLite file; cannot {doing} itself: give a bundle path "
+                "such as champions.json"
+            )
+
+    def _was_demoted(self, c: Any, champion: Champion) -> bool:
+        config = canonical_json(dict(champion.config), "a champion's config")
+        row = c.execute(
+            "SELECT 1 FROM demoted WHERE key_id = ? AND sha256 = ? AND config = ?",
+            (champion.key.id, champion.sha256, config),
+        ).fetchone()
+        return row is not None
 
     def _offer(self, c: Any, champion: Champion) -> Offer:
         key, m = champion.key, champion.measurement
@@ -488,6 +595,21 @@ def read_bundle(path: str | Path) -> list[Champion]:
 def _shared_in(source: str, texts: Mapping[str, str]) -> dict[str, str]:
     """sha256 -> text of each shared module `source` runs (its pins, theirs) that `texts` holds."""
     return {sha: text for _, sha, text in pinned_closure(source, lambda _name, sha: texts.get(sha))}
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 def _number(value: object) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -31,8 +32,10 @@ from typing import Any
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
 from polymorph.kernel_files import pinned_sources, store_source
+from polymorph.outdir import claim_out
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
-from polymorph.search.board import Board
+from polymorph.search.board import Board, Result
+from polymorph.search.lifetime import dead_run_worker, die_with_parent, worker_name
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
 from polymorph.search.space import buckets_of, group_spaces, library_path, predicted_times, toolchain
 
@@ -77,6 +80,7 @@ class TuneOptions:
     agent_api_key: str | None = None
     agent_calls: int = 1  # calls per op signature and bucket for each external agent
     wait_for_posts: bool = False  # run to the budget's end for posts by agents outside (`board post`)
+    force: bool = False  # write into a non-empty --out that is not a previous tune output
 
 
 @dataclass
@@ -110,6 +114,7 @@ class BucketResult:
     skipped: str = ""  # why the bucket was not tuned (its champions were all in the registry)
     agent_errors: list[str] = field(default_factory=list)  # external agents' failed calls
     workers_started: int = 0
+    demoted: list[str] = field(default_factory=list)  # warm starts that failed re-verification: key id: cause
 
     def to_json(self) -> dict[str, Any]:
         sigs = [{**s.__dict__, "speedup": s.speedup} for s in self.signatures]
@@ -134,13 +139,17 @@ class TuneReport:
 # --- the worker process -----------------------------------------------------------------------------
 
 
-def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[str, Any]) -> None:
-    """One engine claiming candidates until the stop file beside the board exists."""
+def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[str, Any],
+                results: Any = None) -> None:  # fmt: skip
+    """One engine claiming candidates until the stop file beside the board exists. Each verdict goes
+    to the tune through `results` (this worker's end of a pipe only the tune reads) before it goes on
+    the board: the board is a file agents write too, so the tune takes a pass only from the pipe."""
     import sys
     import traceback
 
     from polymorph.engine.controller import Controller
 
+    die_with_parent(options["parent"])  # first: `kill -9` of the tune takes this worker and its engine
     log = Path(options["logs"]) / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout = sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115 (the process's own log, to its end)
@@ -164,6 +173,8 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
                 ok, cause, measurements, gates = False, f"error: {type(e).__name__}: {e}", {}, {}
             finally:
                 beat.stop()
+            if results is not None:
+                results.send((cand.id, name, ok, cause, measurements, gates))
             board.post_result(cand.id, name, ok, cause, measurements, gates)
     finally:
         engine.close()
@@ -262,10 +273,7 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
             f"`tune` measures on the device, and backend `{opts.backend}` cannot here: {probe.measure.reason}"
         )
     buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
-    try:
-        opts.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot write --out {opts.out}: {e.strerror}") from None
+    claim_out(opts.out, "tune", force=opts.force)  # a previous tune's folder: this run resumes from it
     if opts.wait_for_posts:
         from polymorph import console
 
@@ -331,6 +339,9 @@ class _Run:
         self.posted: dict[int, Proposal] = {}
         self.tried: dict[tuple, Outcome | None] = {}
         self.seen: set[int] = set()
+        self.channels: list[Any] = []  # the read ends of the workers' result pipes
+        self.trusted: dict[int, Result] = {}  # verdicts this run's workers sent, by candidate id
+        self.reopened: set[int] = set()
 
     def pending(self) -> list[int]:
         return [cid for cid in self.posted if cid not in self.seen]
@@ -343,13 +354,37 @@ class _Run:
         self.tried.setdefault(p.key, None)
         return cid
 
+    def receive(self) -> None:
+        """Take in what the workers sent on their pipes (a dead worker's pipe is dropped)."""
+        for conn in list(self.channels):
+            try:
+                while conn.poll():
+                    cid, worker, ok, cause, measurements, gates = conn.recv()
+                    self.trusted.setdefault(cid, Result(cid, "", worker, bool(ok), cause, dict(measurements),
+                                                        dict(gates), time.time(), 0))  # fmt: skip
+            except (EOFError, OSError, ValueError, TypeError):
+                self.channels.remove(conn)
+                conn.close()
+
     def collect(self) -> list[tuple[Proposal, Any]]:
+        """The verdicts that came in since the last call. A pass counts only as this run's own workers
+        sent it on their pipes; a passing result on the board that did not come that way (a previous
+        run's, when a rerun resumes, or one written into the file by anyone else) is measured again.
+        A failure is taken from the board too: the board itself records lost workers and duplicates."""
+        self.receive()  # first: a worker sends on its pipe before it posts on the board
         news = []
         # Not `after=`: a candidate retried after its worker died finishes after later ids have.
         for r in self.board.results(after=min(self.pending(), default=1 << 62) - 1):
             p = self.posted.get(r.candidate)
             if p is None or r.candidate in self.seen:  # another run's candidate, or already counted
                 continue
+            if r.ok:
+                if r.candidate not in self.trusted:
+                    if r.candidate not in self.reopened:
+                        self.reopened.add(r.candidate)
+                        self.board.reopen(r.candidate)
+                    continue
+                r = self.trusted[r.candidate]
             self.seen.add(r.candidate)
             median = r.measurements.get("median_s") if r.ok else None
             self.tried[p.key] = Outcome(r.ok, median, r.cause)
@@ -399,6 +434,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.signatures = list(by_sig.values())
 
     board = Board(opts.board or opts.out / "board.sqlite")
+    board.release(dead_run_worker)  # a killed run's claims (a rerun resumes): claimable now, not in a lease
     from polymorph.ir import serialize
 
     scope = run_scope(bucket_key, serialize.content_hash(plan.graph))
@@ -407,6 +443,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     champions = {
         s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) for s in spaces.spaces
     }
+    # warm-start candidate id -> (the registry champion it re-verifies, whether it is this key's own)
+    warm: dict[int, tuple[Champion, bool]] = {}
     for space in spaces.spaces:
         stock = Proposal(space.signature, space.group, space.stock_kernel, space.stock_config, "baseline",
                          "the stock kernel and config of the plan `compile` makes, measured the same way")  # fmt: skip
@@ -415,17 +453,17 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         if champ is not None:
             path = _stored(opts.out / "sources", champ)
             space.champion = (path, dict(champ.config))
-            run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
+            warm[run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
                               f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
-                              f"when recorded), re-verified here; it came from {champ.agent}: {champ.reasoning}"))  # fmt: skip
+                              f"when recorded), re-verified here; it came from {champ.agent}: {champ.reasoning}"))] = (champ, True)  # fmt: skip
             continue
         key = ChampionKey(space.signature, bucket_key, profile, tc)
         for other in reg.related(key, kin_profiles(backend))[:RELATED_WARM_STARTS]:
             k = other.key
-            run.post(Proposal(space.signature, space.group, _stored(opts.out / "sources", other), other.config,
+            warm[run.post(Proposal(space.signature, space.group, _stored(opts.out / "sources", other), other.config,
                               "registry", f"warm start from the champion of the same op on {k.profile} at {k.bucket} "
                               f"({k.toolchain}; {other.measurement.median_s * 1e6:.1f} us there), compiled and "
-                              f"re-verified here; it came from {other.agent}: {other.reasoning}"))  # fmt: skip
+                              f"re-verified here; it came from {other.agent}: {other.reasoning}"))] = (other, False)  # fmt: skip
     covered = spaces.spaces and all(champions[s.signature] is not None for s in spaces.spaces)
     if covered:
         result.skipped = (
@@ -437,17 +475,22 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     stop = opts.out / f".stop-{bucket.id}"
     stop.unlink(missing_ok=True)
     options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
-               "trials": opts.trials,
+               "trials": opts.trials, "parent": os.getpid(),
                "lease_s": opts.lease_s, "engine_budget_s": opts.engine_budget_s}  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     procs: list[Any] = []
 
     def start_worker() -> None:
-        name = f"worker-{bucket.id}-{result.workers_started}"
+        name = worker_name(bucket.id, result.workers_started)
+        receive, send = ctx.Pipe(
+            duplex=False
+        )  # one pipe per worker: a worker killed mid-send spoils only its own
         p = ctx.Process(
-            target=worker_main, args=(name, str(board.path), load, options), name=name, daemon=True
+            target=worker_main, args=(name, str(board.path), load, options, send), name=name, daemon=True
         )
         p.start()
+        send.close()
+        run.channels.append(receive)
         procs.append(p)
         result.workers_started += 1
 
@@ -463,6 +506,14 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             run.adopt_posts(by_group, opts.out / "sources")
             for p, r in run.collect():
                 _record(result, by_sig, stock_ids, run, p, r)
+                demoted = _demote_if_failed(reg, result, warm, r)
+                if demoted is not None and warm[r.candidate][1]:
+                    # This bucket's own champion failed: its signature is searched again, in this run.
+                    champions[demoted.key.op_signature] = None
+                    for space in spaces.spaces:
+                        if space.signature == demoted.key.op_signature:
+                            space.champion = None
+                    covered, result.skipped = False, ""
             alive = [p for p in procs if p.is_alive()]
             if len(alive) < opts.workers and result.workers_started >= 3 * opts.workers + 3:
                 raise UserError(
@@ -498,6 +549,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         stop.unlink(missing_ok=True)
     for p, r in run.collect():
         _record(result, by_sig, stock_ids, run, p, r)
+        _demote_if_failed(reg, result, warm, r)
     board.close()
     result.agent_errors = [e for a in externals for e in a.errors]
     try:
@@ -574,6 +626,34 @@ def _record(result: BucketResult, by_sig: dict, stock_ids: dict, run: _Run, p: P
                     "median_s": median, "spread_s": r.measurements.get("spread_s"), "agent": p.agent,
                     "reasoning": p.reasoning, "gates": r.gates, "candidate": r.candidate,
                     "trials": r.measurements.get("trials")}  # fmt: skip
+
+
+def _demote_if_failed(reg: Registry, result: BucketResult, warm: Mapping[int, tuple[Champion, bool]],
+                      r: Any) -> Champion | None:  # fmt: skip
+    """Demote the registry champion that candidate `r` re-verified, when it failed here; return it
+    (a pass instead replaces this key's champion's recorded time by the one measured here).
+    This key's own champion is demoted on any failure (it was recorded as passing at exactly these
+    shapes); a champion of another key (chip, bucket, toolchain) only when a gate rejected it, not when
+    it could not be built or run here (its shapes or toolchain may not be this one's)."""
+    if r.candidate not in warm:
+        return None
+    champ, here = warm[r.candidate]
+    if r.ok:  # re-verified: what it is worth is what was measured here, not what it came with
+        if here:
+            m = r.measurements
+            trials = m.get("trials")
+            measured = Measurement(float(m["median_s"]), float(m.get("spread_s") or 0.0),
+                                   trials if isinstance(trials, int) and trials >= 1 else 1)  # fmt: skip
+            reg.remeasure(champ.key, champ.sha256, champ.config, measured)
+        return None
+    gate_rejected = any(isinstance(g, Mapping) and g.get("ok") is False for g in (r.gates or {}).values())
+    if not (here or gate_rejected):
+        return None
+    cause = f"failed re-verification in a tune at {result.bucket}: {r.cause}"
+    if not reg.demote(champ.key, champ.sha256, champ.config, cause):
+        return None
+    result.demoted.append(f"{champ.key.id}: {r.cause}")
+    return champ
 
 
 def _offer(reg: Registry, result: BucketResult, spaces: list[GroupSpace], run: _Run, bucket_key: str,

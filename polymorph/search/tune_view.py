@@ -66,6 +66,8 @@ def print_report(report: TuneReport) -> None:
         )
         if b.failed:
             console.line("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(b.failed.items())))
+        for d in b.demoted:  # registry champions that failed re-verification here
+            console.line(f"demoted in the registry (failed re-verification): {d}")
         ab = b.ab
         if "error" in ab:
             console.line(f"end to end: the final A/B failed ({ab['error']}); the untuned plan is written")

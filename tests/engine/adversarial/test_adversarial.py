@@ -28,16 +28,19 @@ SHORT_BUDGET_S = 3.0
 @dataclass(frozen=True)
 class Trick:
     file: str
-    gate: str  # the gate that must reject it
+    gate: str | None  # the gate that must reject it (None: the one running when the worker was lost)
     stage: str  # the recorded fault's stage (the gate's name, or hang/crash when the worker is lost)
     cause: str  # text the recorded cause contains
-    restarts: int = 0  # workers replaced (lost, or with a timer that can no longer be trusted)
+    restarts: int = 0  # workers lost (beyond the retirement every candidate's worker gets)
+    group: str = GROUP
+    at_build: bool = False  # its attack runs at build: the swap itself fails
 
 
-# Ordered so that the kinds that cost the worker are spread out: its standby has time to start.
+ATTENTION = "layers.0.attn.sdpa"
+# Ordered so that the kinds that cost the worker are spread out.
 TRICKS = [
     Trick("unwritten_output.py", gates.NUMERICS, gates.NUMERICS, "NaN in output"),
-    Trick("patched_timer.py", gates.WALL_CLOCK, gates.WALL_CLOCK, "replaced by a candidate", restarts=1),
+    Trick("patched_timer.py", gates.TAMPER, gates.TAMPER, "rebound"),
     Trick(
         "cached_answer.py",
         gates.INPUT_DEPENDENCE,
@@ -55,6 +58,23 @@ TRICKS = [
     Trick("segfault.py", gates.NUMERICS, "crash", "the worker died", restarts=1),
     Trick("exhausts_memory.py", gates.NUMERICS, gates.NUMERICS, "allocate"),
     Trick("breaks_device.py", gates.NUMERICS, "canary", "illegal memory access", restarts=1),
+    # Telling timing from gates: the timed calls are checked afterwards.
+    Trick("detects_timing_rate.py", gates.CHECKED, gates.CHECKED, "timed calls checked afterwards are wrong"),
+    Trick("detects_timing_stack.py", gates.CHECKED, gates.CHECKED, "timed calls checked afterwards are wrong"),
+    Trick("memoizes_by_address.py", gates.NUMERICS, gates.NUMERICS, "max error"),
+    # Tampering with what measures and judges.
+    Trick("patches_torch.py", gates.TAMPER, gates.TAMPER, "rebound"),
+    Trick("damages_weights_later.py", None, "crash", "the worker died", restarts=1),
+    Trick("finishes_in_child.py", gates.NUMERICS, gates.NUMERICS, "NaN in output"),
+    # Shapes the model-level scenario does not reach.
+    Trick("short_context_attention.py", gates.NUMERICS, gates.NUMERICS, "bucket's longest", group=ATTENTION),
+    Trick("batched_kv_leak.py", gates.NUMERICS, gates.NUMERICS, "bucket's longest", group=ATTENTION),
+    # Reaching outside: the sandbox stops each, and the candidate is rejected for trying.
+    Trick("reads_registry.py", None, "sandbox", "Permission denied", at_build=True),
+    Trick("connects_tcp.py", gates.SANDBOX, gates.SANDBOX, "Operation not permitted"),
+    Trick("reads_parent_memory.py", None, "sandbox", "Permission denied", at_build=True),
+    Trick("signals_group.py", None, "crash", "the worker died", restarts=1, at_build=True),
+    Trick("leaves_daemon.py", gates.SANDBOX, gates.SANDBOX, "left 1 process(es) running"),
 ]
 
 
@@ -81,17 +101,23 @@ def good_candidate(tmp_path: Path) -> Path:
 
 def assert_rejected(engine: Controller, trick: Trick, seed: int) -> None:
     pid, restarts, recorded = engine.pid, engine.restarts, len(engine.faults)
-    swap, report = engine.try_candidate(GROUP, HERE / trick.file, seed=seed)
-    assert swap.ok and report is not None, trick.file  # every trick builds; the gates catch it
-    assert not report.ok and report.measurement is None
-    gate = report.gate(trick.gate)
-    assert gate.verdict == "fail" and trick.cause in gate.cause, (trick.file, gate)
+    swap, report = engine.try_candidate(trick.group, HERE / trick.file, seed=seed)
     faults = engine.faults[recorded:]
-    assert faults == report.faults
+    if trick.at_build:
+        assert not swap.ok and report is None, trick.file
+        assert faults == [swap.fault]
+    else:
+        assert swap.ok and report is not None, (trick.file, swap)  # it builds; the gates catch it
+        assert not report.ok and report.measurement is None
+        if trick.gate is not None:
+            gate = report.gate(trick.gate)
+            assert gate.verdict == "fail" and trick.cause in gate.cause, (trick.file, gate)
+        assert faults == report.faults
     assert any(f.stage == trick.stage and trick.cause in f.cause for f in faults), (trick.file, faults)
-    assert all(f.group == GROUP and f.kernel == str(HERE / trick.file) for f in faults)
-    assert (engine.restarts, engine.pid != pid) == (restarts + trick.restarts, trick.restarts > 0), trick.file
-    assert GROUP not in engine.accepted and GROUP not in engine.pending
+    assert all(f.group == trick.group and f.kernel == str(HERE / trick.file) for f in faults)
+    assert engine.restarts == restarts + trick.restarts, trick.file
+    assert engine.pid != pid, trick.file  # whatever the verdict, the worker it ran in is retired
+    assert trick.group not in engine.accepted and trick.group not in engine.pending
 
 
 @pytest.mark.parametrize("trick", TRICKS, ids=[t.file.removesuffix(".py") for t in TRICKS])
@@ -100,7 +126,8 @@ def test_trick_is_rejected_with_its_cause(engine: Controller, trick: Trick, tmp_
         engine.budget_s = HANG_BUDGET_S
     assert_rejected(engine, trick, seed=11)
     engine.budget_s = BUDGET_S
-    assert not engine.status()["groups"][GROUP]["candidate"]
+    assert not engine.status()["groups"][trick.group]["candidate"]
+    assert engine.link.processes() == 0  # nothing it started is left
     # The engine still serves, and an honest candidate still passes every gate.
     swap, report = engine.try_candidate(GROUP, good_candidate(tmp_path), seed=12)
     assert report is not None and report.ok, report.failed() if report else swap
@@ -111,14 +138,12 @@ def test_a_hundred_bad_candidates_leave_the_engine_serving(running: Controller, 
     engine = running
     engine.reset()
     engine.budget_s = SHORT_BUDGET_S
-    engine.standby = 2  # three restarts in every ten candidates outrun one standby's start-up
     weight_loads = []
     for i, trick in zip(range(100), itertools.cycle(TRICKS), strict=False):
         assert_rejected(engine, trick, seed=i)
         weight_loads.append(engine.status()["weight_loads"])
-    assert set(weight_loads) == {1}  # a fresh worker after each restart, never a second load in one
+    assert set(weight_loads) == {1}  # every worker a fork of the loaded zygote, never a second load
     engine.budget_s = BUDGET_S
-    engine.standby = 1
     status = engine.status()
     assert status["loaded"] and not any(g["candidate"] for g in status["groups"].values())
     swap, report = engine.try_candidate(GROUP, good_candidate(tmp_path), seed=100)
