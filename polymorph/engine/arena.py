@@ -1,20 +1,22 @@
 """Arrays in shared memory that the trusted controller creates and the worker maps.
 
-An arena is one file on a tmpfs (`/dev/shm` where it is writable, else the controller's temporary
-folder) holding named arrays at 64-byte aligned offsets. The controller creates it, writes it and
-keeps its own mapping; the worker maps it by the manifest (`Arena.manifest()`, a JSON-able dict)
-read-only (weights: the file is opened O_RDONLY, so no mprotect can make the pages writable) or
-read-write (the inputs and outputs of the calls the controller times and checks).
+An arena holds named arrays at 64-byte aligned offsets in one shared object the controller creates,
+writes and keeps its own mapping of:
 
-What the worker can change is only what the controller reads back from an arena it gave write
-access to; everything else it is handed is the controller's own memory, which it cannot reach.
+- weights: a file in the engine's folder, which the sandbox lets a worker read and not write; the
+  worker opens it O_RDONLY, so no mprotect can make its pages writable;
+- the inputs and outputs of the calls the controller times and checks: a memfd sealed against
+  shrinking and growing (so a worker can never make the controller's mapping fault), handed to the
+  worker over its socket (SCM_RIGHTS), never a path another worker could replace.
+
+What the worker can change is only what the controller copies back out of an io arena, while the
+worker is frozen; everything else it is handed is the controller's own memory, which it cannot reach.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,14 +24,6 @@ from typing import Any
 import numpy as np
 
 ALIGN = 64
-
-
-def shm_root() -> Path:
-    """Where arenas live: a tmpfs (/dev/shm) where one is writable, else the temporary folder."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    return Path(tempfile.gettempdir())
 
 
 def _dtype(name: str) -> np.dtype:
@@ -46,18 +40,25 @@ def _dtype_name(dtype: np.dtype) -> str:
 class Arena:
     """Named arrays in one shared file. `arrays[name]` is a numpy view on this process's mapping."""
 
-    def __init__(self, path: Path, entries: list[dict[str, Any]], size: int, writable: bool) -> None:
+    def __init__(
+        self, path: Path, entries: list[dict[str, Any]], size: int, writable: bool, fd: int | None = None
+    ) -> None:
         self.path = path
         self.entries = entries
         self.size = size
         self.writable = writable
-        flags = os.O_RDWR if writable else os.O_RDONLY
-        fd = os.open(path, flags)
+        self.fd: int | None = None  # a memfd arena keeps its descriptor, to hand to workers
+        if fd is None:
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            own = True
+        else:
+            own = False
         try:
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._map = mmap.mmap(fd, max(size, 1), access=access)
         finally:
-            os.close(fd)
+            if own:
+                os.close(fd)
         self.arrays: dict[str, np.ndarray] = {}
         for e in entries:
             dtype = _dtype(e["dtype"])
@@ -68,12 +69,7 @@ class Arena:
     @classmethod
     def create(cls, folder: Path, name: str, specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]]) -> Arena:
         """A new arena file `folder/name` sized for `specs` (name, dtype, shape), zero-filled."""
-        entries, offset = [], 0
-        for key, dtype, shape in specs:
-            dtype = np.dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            entries.append({"name": key, "dtype": _dtype_name(dtype), "shape": list(shape), "offset": offset})
-            offset += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        entries, offset = _layout(specs)
         path = Path(folder) / name
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -81,6 +77,31 @@ class Arena:
         finally:
             os.close(fd)
         return cls(path, entries, offset, writable=True)
+
+    @classmethod
+    def sealed(cls, name: str, specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]]) -> Arena:
+        """A new io arena in a memfd sealed at its size (zero-filled): pass `fd` to a worker."""
+        import fcntl
+
+        entries, size = _layout(specs)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            arena = cls(Path(f"memfd:{name}"), entries, size, writable=True, fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        arena.fd = fd
+        return arena
+
+    @classmethod
+    def from_fd(cls, fd: int, entries: list[dict[str, Any]], size: int) -> Arena:
+        """The worker's mapping of an io arena it was handed (the descriptor is closed once mapped)."""
+        try:
+            return cls(Path(f"fd:{fd}"), entries, size, writable=True, fd=fd)
+        finally:
+            os.close(fd)
 
     @classmethod
     def of(cls, folder: Path, name: str, arrays: Mapping[str, np.ndarray]) -> Arena:
@@ -103,7 +124,21 @@ class Arena:
             self._map.close()
         except BufferError:  # a view is still held somewhere: the mapping goes with the last of them
             pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def unlink(self) -> None:
         self.close()
-        self.path.unlink(missing_ok=True)
+        if not str(self.path).startswith(("memfd:", "fd:")):
+            self.path.unlink(missing_ok=True)
+
+
+def _layout(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]]) -> tuple[list[dict[str, Any]], int]:
+    entries, offset = [], 0
+    for key, dtype, shape in specs:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        entries.append({"name": key, "dtype": _dtype_name(dtype), "shape": list(shape), "offset": offset})
+        offset += -(-max(nbytes, 1) // ALIGN) * ALIGN
+    return entries, offset

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,10 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polymorph.engine.arena import Arena
 from polymorph.engine.cases import GroupInfo, Undrawable
 from polymorph.engine.host import start_detached
-from polymorph.engine.link import HostLink, LocalLink
+from polymorph.engine.link import CallsResult, HostLink, Layout, LocalLink
 from polymorph.engine.sandbox import harden_self
 from polymorph.engine.timing import time_group
 from polymorph.engine.wire import CandidateRaised, EngineError, WorkerLost
@@ -138,37 +136,6 @@ def answer_logits(r: dict[str, Any], steps: int) -> list[Any]:
     return got
 
 
-@dataclass
-class CallsResult:
-    """One `run_group` request's answer, read from the arena while the worker is frozen."""
-
-    wall_s: float  # the controller's clock: inputs written, request sent, answer in
-    arena: Arena
-    calls: list[list[np.ndarray | None]]
-    in_slots: list[list[str | None]]
-    out_slots: list[list[str | None]]  # None: an output written in place into input slot `aliased`
-    aliased: dict[int, int]  # output index -> input index, for the cache writes
-
-    def outputs(self, i: int) -> list[np.ndarray]:
-        """Copies of call `i`'s outputs (a cache write's output is its input slot, written in place)."""
-        out = []
-        for j, name in enumerate(self.out_slots[i]):
-            slot = name if name is not None else self.in_slots[i][self.aliased[j]]
-            out.append(np.array(self.arena.arrays[slot]))
-        return out
-
-    def input_after(self, i: int, j: int) -> np.ndarray | None:
-        name = self.in_slots[i][j]
-        return None if name is None else np.array(self.arena.arrays[name])
-
-
-def _fill(dtype: np.dtype, fill: Any) -> Any:
-    is_float = dtype.kind in "fV"
-    if fill == "nan":
-        return float("nan") if is_float else -(2**30)
-    return float(fill) if is_float else int(fill)
-
-
 class Controller:
     """Drives one engine's workers; holds the reference engine, the fault record and the accepted
     candidates. Every worker that imported a candidate is retired after that candidate's verdict."""
@@ -203,7 +170,6 @@ class Controller:
         self._canary_weight: str | None = None  # the canary's weight fingerprint at load
         self._weight_print: str | None = None  # the controller's own fingerprint of the weights
         self._harness: dict[tuple, float] = {}  # (group, shapes, calls) -> the empty launch's seconds
-        self._arenas: dict[tuple, Arena] = {}
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The reference's scenarios since the caller last cleared them: how long each draw took (in
         # the background or not), and how long the gates waited for one.
@@ -328,9 +294,6 @@ class Controller:
     def close(self) -> None:
         """Stop the workers this controller started; only disconnect from a detached engine."""
         self.link.close()
-        for arena in self._arenas.values():
-            arena.unlink()
-        self._arenas.clear()
         self._prefetch.shutdown(wait=False, cancel_futures=True)
         self._tmp.cleanup()
 
@@ -427,10 +390,19 @@ class Controller:
             self._alias = state_aliases(self.graph)
         return self._alias
 
-    def _io(self, group: GroupInfo, calls: list[list[np.ndarray | None]], bindings: dict[str, int]) -> tuple:
-        """An io arena for these calls (reused across requests of the same shapes) and its slots."""
+    def in_place(self, group: GroupInfo) -> dict[int, int]:
+        """Output index -> input index, for the group's cache writes (written in place)."""
         alias = self._aliases()
-        specs: list[tuple[str, np.dtype, tuple[int, ...]]] = []
+        producer = {v: n for n in self.graph.nodes if n.name in group.nodes for v in n.outputs}
+        return {
+            j: group.inputs.index(producer[v].inputs[0]) for j, v in enumerate(group.outputs) if v in alias
+        }
+
+    def _layout(
+        self, group: GroupInfo, calls: list[list[np.ndarray | None]], bindings: dict[str, int]
+    ) -> Layout:
+        aliased = self.in_place(group)
+        specs: list[tuple[str, str, tuple[int, ...]]] = []
         in_slots: list[list[str | None]] = []
         out_slots: list[list[str | None]] = []
         for i, call in enumerate(calls):
@@ -440,30 +412,24 @@ class Controller:
                     names.append(None)
                 else:
                     names.append(f"c{i}.in{j}")
-                    specs.append((f"c{i}.in{j}", a.dtype, tuple(a.shape)))
+                    specs.append((f"c{i}.in{j}", a.dtype.str if a.dtype.kind != "V" else a.dtype.name,
+                                  tuple(a.shape)))  # fmt: skip
             in_slots.append(names)
             outs: list[str | None] = []
             for j, v in enumerate(group.outputs):
-                if v in alias:
+                if j in aliased:
                     outs.append(None)
                     continue
                 t = group.types[v]
+                dt = np.dtype(t.dtype.numpy)
                 outs.append(f"c{i}.out{j}")
-                specs.append((f"c{i}.out{j}", t.dtype.numpy, tuple(concrete(t.shape, bindings))))
+                specs.append((f"c{i}.out{j}", dt.str if dt.kind != "V" else dt.name,
+                              tuple(concrete(t.shape, bindings))))  # fmt: skip
             out_slots.append(outs)
-        key = tuple((n, np.dtype(d).str, s) for n, d, s in specs)
-        arena = self._arenas.get(key)
-        if arena is None or not arena.path.exists():
-            while len(self._arenas) >= 8:  # a few shapes in use at a time
-                self._arenas.pop(next(iter(self._arenas))).unlink()
-            self.link.io_dir.mkdir(parents=True, exist_ok=True)
-            arena = Arena.create(self.link.io_dir, f"io-{uuid.uuid4().hex[:12]}", specs)
-            self._arenas[key] = arena
-        producer = {v: n for n in self.graph.nodes if n.name in group.nodes for v in n.outputs}
-        aliased = {
-            j: group.inputs.index(producer[v].inputs[0]) for j, v in enumerate(group.outputs) if v in alias
-        }
-        return arena, in_slots, out_slots, aliased
+        return Layout(specs, in_slots, out_slots, aliased)
+
+    def _accepted_staged(self) -> dict[str, tuple[str, dict[str, Any] | None]]:
+        return {g: (self.link.stage(p), c) for g, (p, c) in self.accepted.items()}
 
     def run_calls(
         self,
@@ -473,69 +439,62 @@ class Controller:
         *,
         fill: Any = "nan",
         stock: bool = False,
-        noop: bool = False,
+        clean: bool = False,
     ) -> CallsResult:
         """`calls` launches of `group` in one request: gates send one, timing many (the same path).
-        The outputs are poisoned with `fill` first; the inputs are written inside the clock; the
-        worker is frozen when the answer comes (the link does it). WorkerLost propagates; the
+        The outputs are poisoned with `fill` first, the inputs written inside the clock, and what came
+        out copied while the worker was frozen. With `clean` the request goes to a fork no candidate
+        under test touched (where the stock kernel's runs come from). WorkerLost propagates; the
         candidate raising is CandidateRaised."""
-        arena, in_slots, out_slots, aliased = self._io(group, calls, bindings)
-        for outs in out_slots:
-            for name in outs:
-                if name is not None:
-                    a = arena.arrays[name]
-                    a[...] = _fill(a.dtype, fill)
-        fields = self._run_fields(group, arena, in_slots, out_slots, bindings, stock=stock)
-        t0 = time.perf_counter()
-        for call, names in zip(calls, in_slots, strict=True):
-            for a, name in zip(call, names, strict=True):
-                if name is not None:
-                    arena.arrays[name][...] = a
-        r = self._call("run_group", self.budget_s, **fields, noop=noop)
-        wall = time.perf_counter() - t0
-        if "__error__" in r:
-            raise CandidateRaised(r["__error__"]["message"])
-        return CallsResult(wall, arena, calls, in_slots, out_slots, aliased)
+        layout = self._layout(group, calls, bindings)
+        fields = {"group": group.id, "calls": [{"inputs": i, "outputs": o} for i, o in
+                  zip(layout.in_slots, layout.out_slots, strict=True)], "bindings": bindings, "stock": stock}  # fmt: skip
+        response, done = self.link.run_calls(layout, calls, fields, fill=fill, timeout=self.budget_s,
+                                             clean=self._accepted_staged() if clean else None)  # fmt: skip
+        self._count("run_group", response)
+        if done is None:
+            err = response["error"]
+            if err["kind"] in ("candidate_build", "candidate_run"):
+                raise CandidateRaised(err["message"])
+            if err["kind"] == "user":
+                raise UserError(err["message"])
+            raise EngineError(f"engine error ({err['kind']}) on `run_group`: {err['message']}")
+        return done
 
-    def _run_fields(self, group: GroupInfo, arena: Arena, in_slots: list, out_slots: list,
-                    bindings: dict[str, int], *, stock: bool) -> dict[str, Any]:  # fmt: skip
-        return {
-            "group": group.id,
-            "io": arena.manifest(),
-            "calls": [{"inputs": i, "outputs": o} for i, o in zip(in_slots, out_slots, strict=True)],
-            "bindings": bindings,
-            "stock": stock,
-        }
+    def stock_calls(self, group: GroupInfo, calls: list[list[np.ndarray | None]], bindings: dict[str, int],
+                    **fields: Any) -> CallsResult:  # fmt: skip
+        """The stock kernel on `calls`, on a fork no candidate under test touched."""
+        return self.run_calls(group, calls, bindings, stock=True, clean=True, **fields)
 
-    def settle(self, done: CallsResult, seconds: float) -> list[bool]:
-        """Let the worker run `seconds` after an answer, freeze it again, and say which outputs of the
-        last call changed meanwhile (work left running after return)."""
-        before = done.outputs(len(done.calls) - 1)
-        self.link.settle(seconds)
-        after = done.outputs(len(done.calls) - 1)
-        return [a.tobytes() != b.tobytes() for a, b in zip(before, after, strict=True)]
+    def settle(self, seconds: float) -> list[np.ndarray]:
+        """The last request's last outputs again, `seconds` after its answer, the worker running
+        meanwhile (work left running after return shows as a change)."""
+        return self.link.settle(seconds)
+
+    def _count(self, op: str, response: dict[str, Any]) -> None:
+        spent = self.wire.setdefault(op, WireTime())
+        spent.calls += 1
+        spent.worker_s += float(response.get("worker_s") or 0.0)
+        result = response.get("result")
+        if isinstance(result, dict):
+            self._watch(result.get("watched"))
 
     def harness_cost(
         self, group: GroupInfo, base: list[np.ndarray | None], bindings: dict[str, int], k: int
     ) -> float:
         """Seconds one request of `k` empty launches takes on a worker no candidate touched (inputs
-        written inside the clock, as a timed round's): what `timing` takes off. 0 where no clean
-        worker is loaded (said so in the timing's `harness_s`)."""
+        written inside the clock, as a timed round's): what `timing` takes off. 0 where it could not be
+        measured (said so in the timing's `harness_s`)."""
         key = (group.id, tuple((a.dtype.str, a.shape) if a is not None else None for a in base), k)
         if key not in self._harness:
             calls = [[None if a is None else a.copy() for a in base] for _ in range(k)]
-            arena, in_slots, out_slots, _ = self._io(group, calls, bindings)
-            fields = self._run_fields(group, arena, in_slots, out_slots, bindings, stock=True)
-            wall = self.link.harness(fields, self.budget_s)
+            layout = self._layout(group, calls, bindings)
+            fields = {"group": group.id, "calls": [{"inputs": i, "outputs": o} for i, o in
+                      zip(layout.in_slots, layout.out_slots, strict=True)], "bindings": bindings, "stock": True}  # fmt: skip
+            wall = self.link.harness(layout, calls, fields, self.budget_s, self._accepted_staged())
             if wall is None:
                 return 0.0
-            # The clean worker's round plus writing the inputs, as a timed round has it.
-            t0 = time.perf_counter()
-            for call, names in zip(calls, in_slots, strict=True):
-                for a, name in zip(call, names, strict=True):
-                    if name is not None:
-                        arena.arrays[name][...] = a
-            self._harness[key] = wall + (time.perf_counter() - t0)
+            self._harness[key] = wall
         return self._harness[key]
 
     # --- ops -----------------------------------------------------------------------------------------
@@ -762,7 +721,10 @@ class Controller:
             return SwapResult(group, path, False, round_trip_s=time.perf_counter() - t0, fault=fault)
         rtt = time.perf_counter() - t0
         if "__error__" in r:
-            fault = Fault(group, path, "build", r["__error__"]["message"])
+            from polymorph.engine.gates import blocked_by_sandbox
+
+            cause = r["__error__"]["message"]
+            fault = Fault(group, path, "sandbox" if blocked_by_sandbox(cause) else "build", cause)
             self.faults.append(fault)
             return SwapResult(group, path, False, round_trip_s=rtt, fault=fault)
         self.accepted.pop(group, None)
@@ -855,11 +817,15 @@ class Controller:
         return result, r
 
     def stock_logits(self, scenario: list[ScenarioStep], groups: Collection[str]) -> list[Any]:
-        """The stock plan's logits over `scenario`: one `verify` in which `groups` run their stock
-        kernels, their candidates held aside in the worker and put back after (not loaded again).
-        WorkerLost propagates to the caller, who knows whom to blame."""
+        """The stock plan's logits over `scenario` (the plan without the candidates under test in
+        `groups`; those accepted stay in), from a fork none of them touched: a candidate cannot make
+        the stock plan look as wrong as itself. WorkerLost propagates to the caller."""
         steps, ctx = scenario_steps(scenario), scenario_ctx(scenario)
-        r = self._call("verify", self.budget_s, steps=steps, max_ctx=ctx, stock_groups=sorted(groups))
+        accepted = {g: c for g, c in self._accepted_staged().items() if g not in set(groups)}
+        response, _ = self.link.call("verify", self.budget_s, clean=accepted, steps=steps, max_ctx=ctx)
+        if not response.get("ok"):
+            raise EngineError(f"the stock plan's run failed: {response['error']['message']}")
+        r = response["result"]
         if "__error__" in r:
             raise EngineError(f"the stock plan's run failed: {r['__error__']['message']}")
         return answer_logits(r, len(scenario))
@@ -936,35 +902,20 @@ class Controller:
         rng = np.random.default_rng()
 
         def round_s(n: int) -> float:
-            io = self._steps_arena(n, batch)
             tokens = rng.integers(0, self.vocab, size=(n, batch, 1), dtype=np.int32)
-            io.arrays["logits"][...] = np.nan
-            t0 = time.perf_counter()
-            io.arrays["tokens"][...] = tokens
-            r = self._call("measure", self.budget_s, io=io.manifest())
-            wall = time.perf_counter() - t0
-            if "__error__" in r:
-                raise CandidateRaised(r["__error__"]["message"])
-            if not np.isfinite(io.arrays["logits"]).all():
+            response, wall, logits = self.link.run_steps(tokens, self.vocab, self.budget_s)
+            self._count("measure", response)
+            if not response.get("ok"):
+                raise CandidateRaised(response["error"]["message"])
+            if not np.isfinite(logits).all():
                 raise CandidateRaised("whole steps left logits unwritten or not finite")
             return wall
 
-        short = round_s(1)
+        round_s(1)  # the arena mapped, the first step's costs paid
+        short = min(round_s(1) for _ in range(2))
         times = [max((round_s(trials + 1) - short) / trials, 1e-9) for _ in range(3)]
         return {"tier": "slow", "timer": TIMER, "trials": trials, "median_s": float(np.median(times)),
                 "spread_s": float(max(times) - min(times)), "total_s": float(sum(times) * trials)}  # fmt: skip
-
-    def _steps_arena(self, n: int, batch: int) -> Arena:
-        key = ("steps", n, batch)
-        arena = self._arenas.get(key)
-        if arena is None:
-            self.link.io_dir.mkdir(parents=True, exist_ok=True)
-            arena = Arena.create(self.link.io_dir, f"steps-{uuid.uuid4().hex[:12]}", [
-                ("tokens", np.dtype(np.int32), (n, batch, 1)),
-                ("logits", np.dtype(np.float32), (n, batch, self.vocab)),
-            ])  # fmt: skip
-            self._arenas[key] = arena
-        return arena
 
     def status(self) -> dict[str, Any]:
         """The worker's status, its candidates named by the files they were swapped in from (the

@@ -10,9 +10,13 @@ does), and `host_*` requests are its own. The host owns the address: the sandbox
 network, and a worker lost to a candidate is replaced by the host, at the same address. Controllers
 attach to it (`Controller.attach`); the judging stays theirs.
 
-Host requests: host_status -> {pid, io_dir, layers}; host_stage {path} -> {path}; host_retire
-{candidates} -> the fresh worker's load answer; host_quiet; host_harness {fields} -> {wall_s};
-host_settle {seconds}; host_processes -> {extra}; host_shutdown.
+Host requests (the calls on shared memory are made by the host, as `LocalLink` makes them, so the
+clock, the freezing and the copies of what came out stay on a trusted side): host_status -> {pid,
+layers}; host_stage {path} -> {path}; host_retire {candidates} -> the fresh worker's load answer;
+host_run_calls {layout, calls, fields, fill, budget, accepted} -> {response, wall_s, outputs,
+inputs_after}; host_clean_call {of, candidates, fields, budget} -> {response}; host_run_steps {tokens,
+vocab, budget} -> {response, wall_s, logits}; host_harness {layout, calls, fields, budget, accepted} ->
+{wall_s}; host_settle {seconds} -> {outputs}; host_quiet; host_processes -> {extra}; host_shutdown.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.engine import protocol
-from polymorph.engine.link import LocalLink
+from polymorph.engine.link import Layout, LocalLink
 from polymorph.engine.wire import EngineError, WorkerLost
 from polymorph.errors import UserError
 
@@ -57,27 +61,49 @@ class Host:
         except WorkerLost as lost:
             if self.link.pool.current is not None:
                 self.link.pool.current.kill()
-            return {"id": rid, "ok": False, "error": {"kind": "worker_lost", "how": lost.how, "message": str(lost)}}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {"kind": "worker_lost", "how": lost.how, "message": str(lost)},
+            }
         except (UserError, OSError, KeyError, TypeError, ValueError) as e:
             return protocol.error(rid, "user", f"{type(e).__name__}: {e}")
 
     def host_op(self, op: str, fields: dict[str, Any], budget: float) -> dict[str, Any]:
         link = self.link
         if op == "host_status":
-            return {"pid": os.getpid(), "io_dir": str(link.io_dir), "layers": link.layers}
+            return {"pid": os.getpid(), "layers": link.layers}
         if op == "host_stage":
             return {"path": link.stage(fields["path"])}
         if op == "host_retire":
-            candidates = {g: (p, c) for g, (p, c) in dict(fields.get("candidates") or {}).items()}
-            return link.retire(candidates)
+            return link.retire(_candidates(fields.get("candidates")) or {})
         if op == "host_quiet":
             link.quiet()
             return {}
+        if op == "host_run_calls":
+            response, done = link.run_calls(
+                Layout.from_json(fields["layout"]), fields["calls"], dict(fields["fields"]), fill=fields["fill"],
+                timeout=float(fields["budget"]), clean=_candidates(fields.get("accepted")),
+            )  # fmt: skip
+            if done is None:
+                return {"response": response, "outputs": None}
+            return {"response": response, "wall_s": done.wall_s, "outputs": done.outputs,
+                    "inputs_after": done.inputs_after}  # fmt: skip
+        if op == "host_clean_call":
+            response, _ = link.call(fields["of"], float(fields["budget"]), clean=_candidates(fields["candidates"]),
+                                    **dict(fields["fields"]))  # fmt: skip
+            return {"response": response}
+        if op == "host_run_steps":
+            response, wall, logits = link.run_steps(
+                fields["tokens"], int(fields["vocab"]), float(fields["budget"])
+            )
+            return {"response": response, "wall_s": wall, "logits": logits}
         if op == "host_harness":
-            return {"wall_s": link.harness(dict(fields["fields"]), budget)}
+            wall = link.harness(Layout.from_json(fields["layout"]), fields["calls"], dict(fields["fields"]),
+                                float(fields["budget"]), _candidates(fields["accepted"]) or {})  # fmt: skip
+            return {"wall_s": wall}
         if op == "host_settle":
-            link.settle(float(fields["seconds"]))
-            return {}
+            return {"outputs": link.settle(float(fields["seconds"]))}
         if op == "host_processes":
             return {"extra": link.processes()}
         if op == "host_shutdown":
@@ -110,6 +136,13 @@ class Host:
                 conn.sendall(protocol.encode(response))
                 if self.stop:
                     return
+
+
+def _candidates(value: Any) -> dict[str, tuple[str, Any]] | None:
+    """Candidates as JSON carried them (lists for tuples), or None."""
+    if value is None:
+        return None
+    return {str(g): (str(p), c) for g, (p, c) in dict(value).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +240,7 @@ def start_detached(
         proc.kill()
         proc.wait()
         if line.startswith("error: "):
-            raise UserError(f"the engine could not load {model}: {line[len('error: '):]}")
+            raise UserError(f"the engine could not load {model}: {line[len('error: ') :]}")
         raise EngineError(f"the engine host did not start; see {log}")
     return line, proc.pid
 

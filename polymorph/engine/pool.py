@@ -18,6 +18,7 @@ The pool is used by the in-process `Controller` (`LocalLink`) and by the detache
 from __future__ import annotations
 
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,8 @@ class WorkerPool:
         self.load_budget_s = load_budget_s
         self.zygote: WorkerProcess | None = None
         self.current: WorkerProcess | None = None
+        self.clean: WorkerProcess | None = None  # a fork no candidate touched, for the stock's runs
         self.model_dir = self.tmp / "model"  # graph and staged candidates: every worker reads them
-        self.io_dir = self.tmp / "io"  # the controller's io arenas: every worker of the pool writes them
         self.shm_dir: Path | None = None
         self.weights: Arena | None = None
         self.load_fields: dict[str, Any] = {}
@@ -53,6 +54,7 @@ class WorkerPool:
         self.threads = 1
         self.layers: dict[str, str] = {}
         self._forks = 0
+        self._scratch_base: set[str] = set()
 
     # --- what every worker loads -------------------------------------------------------------------
 
@@ -70,7 +72,6 @@ class WorkerPool:
             )
         self.close()
         self.model_dir.mkdir(parents=True, exist_ok=True)
-        self.io_dir.mkdir(parents=True, exist_ok=True)
         graph_path = self.model_dir / f"graph-{uuid.uuid4().hex[:8]}.json"
         serialize.save(model.graph, graph_path)
         # Beside the rest, not in /dev/shm: the sandbox gives each worker a private /dev/shm.
@@ -86,7 +87,7 @@ class WorkerPool:
         }
         self.threads = _threads(model)
         readable = (str(self.model_dir), str(self.shm_dir))
-        z = start_worker(self.backend, self.tmp / "zygote", readable, (str(self.io_dir),), zygote=True,
+        z = start_worker(self.backend, self.tmp / "zygote", readable, zygote=True,
                          env={"POLYMORPH_CPU_THREADS": "1"})  # fmt: skip
         self.zygote = z
         self.layers = dict(z.layers)
@@ -97,6 +98,7 @@ class WorkerPool:
             if not response.get("ok"):
                 raise EngineError(f"the engine could not load the model: {response['error']['message']}")
             z.loaded = response["result"]
+        self._scratch_base = {p.name for p in z.scratch.iterdir()}
 
     @property
     def _zygote_loads(self) -> bool:
@@ -167,8 +169,9 @@ class WorkerPool:
         if self.zygote is None:
             return []
         keep = {self._zygote_pid()}
-        if self.current is not None and self.current.alive():
-            keep.update(self.current.proc.tree())
+        for w in (self.current, self.clean):
+            if w is not None and w.alive():
+                keep.update(w.proc.tree())
         return [p for p in descendants(self._zygote_pid()) if p not in keep]
 
     def sweep(self) -> None:
@@ -186,10 +189,16 @@ class WorkerPool:
         """Retire the current worker (its whole tree, and every stray in the sandbox, killed) and put a
         fresh fork in its place, with exactly `candidates` swapped in."""
         old, self.current = self.current, None
-        if old is not None:
-            old.kill()
-            old.proc.wait(timeout=10.0)
+        for w in (old, self.clean):
+            if w is not None:
+                w.kill()
+                try:
+                    w.proc.wait(timeout=10.0)
+                except subprocess.TimeoutExpired:
+                    raise EngineError("a retired worker's processes would not die") from None
+        self.clean = None
         self.sweep()
+        self._wipe_scratch()
         w = self.fork()
         try:
             self.sync(w, candidates)
@@ -197,6 +206,31 @@ class WorkerPool:
             w.kill()
             raise
         self.current = w
+        return w
+
+    def _wipe_scratch(self) -> None:
+        """Everything the retired workers left in the zygote's scratch folder (each fork works in a
+        folder of its own there): nothing one candidate wrote is there for the next to read."""
+        import shutil
+
+        z = self.zygote
+        if z is None:
+            return
+        for p in z.scratch.iterdir():
+            if p.name not in self._scratch_base:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    def clean_worker(self, candidates: Candidates) -> WorkerProcess:
+        """A fork no candidate under test touched, with `candidates` (those accepted) swapped in:
+        what the stock kernel's runs and the stock plan's logits come from, never the worker a
+        candidate runs in (which could make the stock look as wrong as itself)."""
+        w = self.clean
+        if w is None or not w.alive():
+            w = self.clean = self.fork()
+        self.sync(w, candidates)
         return w
 
     def sync(self, w: WorkerProcess, candidates: Candidates) -> None:
@@ -243,10 +277,10 @@ class WorkerPool:
         return str(dest)
 
     def close(self) -> None:
-        for w in (self.current, self.zygote):
+        for w in (self.current, self.clean, self.zygote):
             if w is not None:
                 w.kill()
-        self.current = self.zygote = None
+        self.current = self.clean = self.zygote = None
         self.unpublish()
 
 

@@ -95,6 +95,7 @@ OPS = (
     "reset",
     "shutdown",
     "fork",
+    "map",
 )
 ERROR_KINDS = (
     "bad_request",

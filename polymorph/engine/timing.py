@@ -135,7 +135,7 @@ def _round(
     done = engine.run_calls(group, calls, bindings, stock=stock)
     picked = sorted({k - 1, *rng.choice(k, min(CHECKS, k), replace=False).tolist()})
     for i in picked:  # the worker is frozen: nothing it runs can change these any more
-        got = done.outputs(i)
+        got = done.output(i)
         want = reference_outputs(group, engine.weights, engine.wide_weights, calls[i], bindings)
         timing.checked += 1
         for j, (g, w) in enumerate(zip(got, want, strict=True)):

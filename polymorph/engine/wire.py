@@ -103,7 +103,7 @@ class WorkerProcess:
     watched: str | None = None  # the watched-functions digest at load, before any candidate
     loaded: dict[str, Any] | None = None
     touched: bool = False  # candidate code was imported here: retire before the next verdict
-    tree: int = 0  # processes below `pid` once loaded (the sandbox's own)
+    mapped: set[str] = field(default_factory=set)  # io arenas handed over (`map`)
     next_id: int = 0
     frozen: bool = False
 
@@ -141,7 +141,7 @@ class WorkerProcess:
         except TimeoutError:
             raise WorkerLost("hang", f"no answer to `{op}` within {timeout:g} s") from None
         except OSError as e:
-            raise WorkerLost("crash", f"connection lost during `{op}`: {e}") from None
+            raise WorkerLost("crash", f"the worker died during `{op}` (connection lost: {e})") from None
         if not line:
             raise self.death(op)
         try:
@@ -164,9 +164,8 @@ class WorkerProcess:
             return WorkerLost(
                 "sandbox", f"the worker was killed for a system call the sandbox forbids during `{op}`"
             )
-        return WorkerLost(
-            "crash", f"the worker died during `{op}` (exit code {code}) {self.stderr_tail(500)}"
-        )
+        how = "" if isinstance(self.proc, ForkedProc) else f" (exit code {code})"
+        return WorkerLost("crash", f"the worker died during `{op}`{how} {self.stderr_tail(500)}".rstrip())
 
     def freeze(self) -> None:
         """Stop every process and thread of the worker's tree (at clock stop, before outputs are read)."""
@@ -349,13 +348,31 @@ class ForkedProc:
         return [self.pid, *descendants(self.pid)]
 
     def kill(self) -> None:
-        if self.freezer is not None:
-            self.freezer.thaw()  # a frozen task dies only once thawed
-        for pid in self.tree():
+        """Every process of the tree, including those it starts while being killed: with a freezer
+        group, freeze it (nothing can fork any more), SIGKILL every member, thaw (the kill lands
+        before any of them runs again), until the group is empty."""
+        if self.freezer is None:
+            for pid in self.tree():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+        for _ in range(100):
+            pids = self.freezer.pids()
+            if not pids:
+                return
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                self.freezer.freeze()
+            except EngineError:
+                pass  # a task in the middle of exiting; the kill below still lands
+            for pid in pids + self.freezer.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.freezer.thaw()
+            time.sleep(0.001)
 
     def freeze(self) -> None:
         if self.freezer is not None:

@@ -78,7 +78,7 @@ class Worker:
         self.plan_groups: list[dict[str, Any]] = []  # what the controller needs to gate a group
         self.verify_cache: PagedKVCache | None = None  # the sequences of the last verify (fresh=false)
         self.arenas: dict[str, Arena] = {}  # the controller's io arenas, by path
-        self.views: dict[str, dict[str, Any]] = {}  # torch tensors on their slots, by arena path
+        self.views: dict[int, dict[str, Any]] = {}  # torch tensors on their slots, by arena
         self.weights_arena: Arena | None = None
         self.stop = False
 
@@ -357,7 +357,7 @@ class Worker:
     def _view(self, arena: Arena, name: str, device: Any) -> Any:
         """A torch tensor on arena slot `name`, made once per mapping (host: the shared pages
         themselves; a device: a buffer of its own, filled from the slot at every call)."""
-        views = self.views.setdefault(str(arena.path), {})
+        views = self.views.setdefault(id(arena), {})
         t = views.get(name)
         if t is None:
             t = views[name] = _tensor(arena.arrays[name], device)
@@ -365,16 +365,29 @@ class Worker:
             t.copy_(_tensor(arena.arrays[name], None), non_blocking=True)
         return t
 
-    def _arena(self, manifest: dict[str, Any]) -> Arena:
-        """The controller's io arena, mapped once per path (it reuses the file across requests)."""
-        path = str(manifest["path"])
+    def _arena(self, io: dict[str, Any]) -> Arena:
+        """The io arena a request names: one the controller handed over (`map`, by id), or a file by
+        its manifest's path (in-process use)."""
+        if "id" in io:
+            arena = self.arenas.get(str(io["id"]))
+            if arena is None:
+                raise UserError(f"io arena {io['id']!r} was not mapped here (send `map` first)")
+            return arena
+        path = str(io["path"])
         arena = self.arenas.get(path)
-        if arena is None or arena.entries != manifest["entries"]:
+        if arena is None or arena.entries != io["entries"]:
             if arena is not None:
-                self.views.pop(path, None)
+                self.views.pop(id(arena), None)
                 arena.close()
-            arena = self.arenas[path] = Arena.open(manifest, writable=True)
+            arena = self.arenas[path] = Arena.open(io, writable=True)
         return arena
+
+    def map_arena(self, key: str, fd: int, entries: list[dict[str, Any]], size: int) -> None:
+        old = self.arenas.pop(key, None)
+        if old is not None:
+            self.views.pop(id(old), None)
+            old.close()
+        self.arenas[key] = Arena.from_fd(fd, entries, size)
 
     def op_measure(self, m: dict[str, Any]) -> dict[str, Any]:
         """Whole decode steps at the loaded bucket (batch, its longest ctx) on the tokens the
@@ -439,6 +452,9 @@ class Worker:
         self.verify_cache = None
         self._zero_state()
         return {"restored": restored}
+
+    def op_map(self, m: dict[str, Any]) -> dict[str, Any]:
+        raise UserError("`map` hands over a descriptor: it is answered on the worker's socket only")
 
     def op_fork(self, m: dict[str, Any]) -> dict[str, Any]:
         raise UserError("`fork` is answered by a zygote worker (--zygote) only")
@@ -665,10 +681,28 @@ def serve(sock: socket.socket, worker: Worker, *, zygote: bool = False) -> None:
                 if zygote and message.get("op") == "fork":
                     _fork(sock, reader, worker, message)
                     continue
+                if message.get("op") == "map":
+                    _map(sock, worker, message)
+                    continue
                 response = worker.handle(message)
             sock.sendall(protocol.encode(response))
             if worker.stop:
                 return
+
+
+def _map(sock: socket.socket, worker: Worker, message: dict[str, Any]) -> None:
+    """`map` {id, entries, size}: take the io arena's descriptor the controller sends next."""
+    rid = message.get("id")
+    sock.sendall(protocol.encode(protocol.ok(rid, {"await_fd": True})))
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    try:
+        if len(fds) != 1:
+            raise ValueError("expected one descriptor")
+        worker.map_arena(str(message["arena"]), fds[0], list(message["entries"]), int(message["size"]))
+        response = protocol.ok(rid, {})
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        response = protocol.error(rid, "bad_request", f"map: {_cause(e)}")
+    sock.sendall(protocol.encode(response))
 
 
 def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, Any]) -> None:
@@ -693,9 +727,12 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
             reader.close()
             sock.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own children are its own to wait for
-            cache = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"triton-{uuid.uuid4().hex[:12]}")
-            os.makedirs(cache, exist_ok=True)
-            os.environ["TRITON_CACHE_DIR"] = cache  # a compile cache no earlier copy could have planted
+            # A folder of its own (the controller wipes it at retirement), a compile cache in it: no
+            # earlier copy could have planted anything it reads.
+            home = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fork-{uuid.uuid4().hex[:12]}")
+            os.makedirs(os.path.join(home, "triton"))
+            os.chdir(home)
+            os.environ.update(HOME=home, TMPDIR=home, TRITON_CACHE_DIR=os.path.join(home, "triton"))
             import torch
 
             torch.set_num_threads(int(message.get("threads") or 1))
@@ -708,6 +745,12 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
             os._exit(0)
     os.close(fds[0])
     sock.sendall(protocol.encode(protocol.ok(rid, {"pid": pid})))
+
+
+def _nondumpable() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
 def _preload(backend: str) -> None:
@@ -741,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # an OpenMP pool does not survive a fork: the copies start their own
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # copies are reaped as they end
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # pid 1 of its namespace: only handled signals reach it
+        _nondumpable()  # its copies inherit it: none can read another's (or its) memory through /proc
     if args.preload:
         _preload(args.preload)
     sock.sendall(protocol.encode({"ready": os.getpid()}))

@@ -149,9 +149,12 @@ def test_every_pattern_of_the_plan_passes_with_its_stock_code(engine: Controller
             *gates.GROUP_GATES,
             *gates.MODEL_GATES,
             *gates.TIMING_GATES,
+            *gates.INTEGRITY_GATES,
         ]
-        # Every gate ran here (cpu has no roofline figures until calibrated: that one is skipped).
-        assert {g.name for g in report.gates if g.verdict != "pass"} == {gates.ROOFLINE}, pattern
+        # Every gate ran here (the cpu profile has no figures: the roofline holds the time to this
+        # host's rates, measured on the spot).
+        assert all(g.verdict == "pass" for g in report.gates), (pattern, report.gates)
+        assert "measured on the spot" in report.gate(gates.ROOFLINE).cause
         assert report.measurement is not None and report.measurement["median_s"] > 0
         assert engine.accepted[group["id"]][0] == str(swap.kernel)
     assert engine.faults[faults:] == []
@@ -250,46 +253,43 @@ def test_roofline_holds_the_measured_time_to_the_profile(
         assert report.ok and report.measurement is not None
 
 
-def test_run_group_runs_one_group_on_the_callers_inputs() -> None:
+def test_run_group_runs_one_group_on_the_callers_inputs(tmp_path: Path) -> None:
+    """`run_group` reads its inputs from the controller's arena and writes its outputs there; a cache
+    write's output is the input slot it was given, written in place."""
+    from polymorph.engine.arena import Arena
+
     worker = Worker()
     loaded = worker.handle({"id": 1, "op": "load", "model": "llama-tiny"})["result"]
     info = {g["id"]: g for g in loaded["groups"]}
-    model = load_model("llama-tiny")
-    weights = model.weights()
+    weights = load_model("llama-tiny").weights()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 128)).astype(np.float32)
     r = rng.standard_normal((2, 3, 64)).astype(np.float32)
     w = weights["model.layers.0.mlp.down_proj.weight"]
     assert info[GROUP]["inputs"][1] == "model.layers.0.mlp.down_proj.weight"
-    request = {
-        "id": 2,
-        "op": "run_group",
-        "group": GROUP,
-        "inputs": [x, w, r],
-        "bindings": {"batch": 2, "seq": 3},
-    }
-    out = worker.handle(request)["result"]
-    np.testing.assert_allclose(out["outputs"][0], r + x @ w.T, rtol=1e-5, atol=1e-5)
-    assert out["checksums_before"] == out["checksums_after"] and out["in_place"] == [] and out["late"] == []
+    io = Arena.of(tmp_path, "io", {"x": x, "r": r, "out": np.full((2, 3, 64), np.nan, np.float32)})
+    calls = [{"inputs": ["x", None, "r"], "outputs": ["out"]}]
+    request = {"id": 2, "op": "run_group", "group": GROUP, "io": io.manifest(), "calls": calls,
+               "bindings": {"batch": 2, "seq": 3}}  # fmt: skip
+    assert worker.handle(request)["ok"]
+    np.testing.assert_allclose(io.arrays["out"], r + x @ w.T, rtol=1e-5, atol=1e-5)
 
-    # A cache write: its output is the cache it was given, written in place and reported so.
     write_group = info["layers.0.attn.k_write"]
     cache = np.zeros((3, 16, 2, 16), dtype=np.float32)
     k = rng.standard_normal((1, 2, 2, 16)).astype(np.float32)
     table = np.array([[2]], dtype=np.int32)
     positions = np.array([[4, 5]], dtype=np.int32)
-    inputs = [cache, k, table, positions]
     assert write_group["inputs"][0] == "layers.0.k_cache"
+    kv = Arena.of(tmp_path, "kv", {"cache": cache, "k": k, "table": table, "pos": positions})
+    calls = [{"inputs": ["cache", "k", "table", "pos"], "outputs": [None]}]
     bindings = {"batch": 1, "seq": 2, "ctx_blocks": 1, "cache_blocks": 3}
-    out = worker.handle(
-        {"id": 3, "op": "run_group", "group": write_group["id"], "inputs": inputs, "bindings": bindings}
-    )
-    result = out["result"]
+    request = {"id": 3, "op": "run_group", "group": write_group["id"], "io": kv.manifest(), "calls": calls,
+               "bindings": bindings}  # fmt: skip
+    assert worker.handle(request)["ok"]
     want = cache.copy()
     want[2, 4:6] = k[0]
-    np.testing.assert_array_equal(result["outputs"][0], want)
-    assert result["in_place"] == [0] and result["checksums_before"][0] != result["checksums_after"][0]
-    assert result["checksums_before"][1:] == result["checksums_after"][1:]
+    np.testing.assert_array_equal(kv.arrays["cache"], want)
+    np.testing.assert_array_equal(kv.arrays["k"], k)
 
 
 def test_verify_continues_a_cache_only_after_a_verify() -> None:
@@ -363,22 +363,20 @@ def test_candidate_hanging_only_when_timed_is_recorded(engine: Controller, tmp_p
         engine.budget_s = 20.0
     assert report is not None and not report.ok
     assert all(report.gate(n).ok for n in (*gates.GROUP_GATES, *gates.MODEL_GATES))
-    clock = report.gate(gates.WALL_CLOCK)
-    assert clock.verdict == "fail" and clock.cause.startswith("hang:")
+    timed = report.gate(gates.CHECKED)
+    assert timed.verdict == "fail" and timed.cause.startswith("hang:")
     assert [(f.stage, f.group) for f in report.faults] == [("hang", GROUP)]
     assert engine.pid != pid and not engine.status()["groups"][GROUP]["candidate"]
 
 
-# Wrong (a constant), and it slows the worker's clock as it is built: rejected by numerics, it would
-# leave the clock slow for whoever is timed next. SNEAKY also overwrites the worker's own record of
-# the host clock, so that the swap's repair puts the slow one back.
+# Wrong (a constant), and it slows the worker's clock as it is built. The clock is not what times
+# anything any more (the controller's is), but the rebinding is tampering, and it must not reach
+# whoever is judged next: every candidate's worker is retired after its verdict.
 WRONG_AND_PATCHES_TIMER = """
-import sys
 import time
 
 IMPLEMENTS = "linear+residual"
 CONFIGS = [{}]
-SNEAKY = SNEAKY_FLAG
 
 _real_clock = time.perf_counter_ns
 
@@ -393,10 +391,6 @@ def supports(spec):
 
 def build(spec, config, target):
     time.perf_counter_ns = _slow_clock
-    for name in ("__main__", "polymorph.engine.worker"):
-        module = sys.modules.get(name)
-        if SNEAKY and hasattr(module, "_HOST_CLOCK"):
-            module._HOST_CLOCK = _slow_clock
 
     def launch(inputs, outputs, scratch):
         outputs[0].fill_(1.0)
@@ -405,17 +399,16 @@ def build(spec, config, target):
 """
 
 
-@pytest.mark.parametrize(("sneaky", "restarts"), [(False, 0), (True, 1)], ids=["plain", "sneaky"])
-def test_a_clock_patched_by_a_rejected_candidate_is_not_blamed_on_the_next(
-    engine: Controller, tmp_path: Path, sneaky: bool, restarts: int
+def test_a_clock_patched_by_a_rejected_candidate_does_not_reach_the_next(
+    engine: Controller, tmp_path: Path
 ) -> None:
-    source = WRONG_AND_PATCHES_TIMER.replace("SNEAKY_FLAG", str(sneaky))
-    _, bad = engine.try_candidate(GROUP, write(tmp_path, "wrong_and_patches", source), seed=10)
+    _, bad = engine.try_candidate(
+        GROUP, write(tmp_path, "wrong_and_patches", WRONG_AND_PATCHES_TIMER), seed=10
+    )
     assert bad is not None and bad.gate(gates.NUMERICS).verdict == "fail"
-    before = engine.restarts
+    assert bad.gate(gates.TAMPER).verdict == "fail" and "rebound" in bad.gate(gates.TAMPER).cause
+    before, pid = engine.restarts, engine.pid
     _, good = engine.try_candidate(GROUP, copy_of("torch/linear_residual.py", tmp_path), seed=10)
     assert good is not None and good.ok, good.failed()
-    # plain: the swap put the host clock back. sneaky: the wall clock disagreed without a replaced
-    # timer to blame, and agreed on a fresh worker.
-    assert engine.restarts == before + restarts
+    assert engine.restarts == before and engine.pid != pid  # retired, not lost
     assert good.faults == [] and engine.status()["groups"][GROUP]["candidate"]

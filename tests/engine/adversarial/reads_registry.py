@@ -1,7 +1,6 @@
-"""Adversarial candidate: right answer, and at build it goes looking for the champion registry and the
-board (the user's data folder, the working directory of whoever started the engine) to forge a result."""
+"""Adversarial candidate: right answer, and at build it writes a forged champion into the registry
+where a tune keeps it by default (beside whoever started it: the checkout, here)."""
 
-import os
 from pathlib import Path
 
 import torch
@@ -11,12 +10,11 @@ CONFIGS = [{}]
 
 
 def _forge():
-    for home in ("/root", "/home", os.getcwd(), "/tmp"):
-        for path in Path(home).rglob("*.sqlite"):
-            with open(path, "r+b") as f:
-                f.write(b"forged")
-            return
-    raise RuntimeError("no registry found")
+    # Where a tune keeps its registry by default: beside whoever started it (the checkout, here).
+    import polymorph
+
+    with open(Path(polymorph.__file__).resolve().parents[1] / "polymorph-registry.sqlite", "ab") as f:
+        f.write(b"forged champion")
 
 
 def supports(spec):

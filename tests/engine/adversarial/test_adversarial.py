@@ -74,7 +74,7 @@ TRICKS = [
     Trick("connects_tcp.py", gates.SANDBOX, gates.SANDBOX, "Operation not permitted"),
     Trick("reads_parent_memory.py", None, "sandbox", "Permission denied", at_build=True),
     Trick("signals_group.py", None, "crash", "the worker died", restarts=1, at_build=True),
-    Trick("leaves_daemon.py", gates.SANDBOX, gates.SANDBOX, "left 1 process(es) running"),
+    Trick("leaves_daemon.py", gates.SANDBOX, gates.SANDBOX, "process(es) running in the worker"),
 ]
 
 
