@@ -635,12 +635,14 @@ class Controller:
             self.profile = load_profile(self.loaded["profile"], knobs.calibration_dir)
         return self.profile
 
-    def default_prompts(self, decode_steps: int = 4) -> tuple[int, ...]:
+    def default_prompts(self, decode_steps: int = 4, seed: int | None = None) -> tuple[int, ...]:
         """The scenario's prompts: one as long as the bucket's context allows (up to LONG_PROMPT), and
-        two short ones; all decode together (batch 3, ragged)."""
+        two short ones of lengths drawn here (from `seed`, else afresh); all decode together (batch 3,
+        ragged)."""
         ctx = int(self.loaded.get("bucket", {}).get("ctx", 0) or 0)
-        longest = min(max(ctx, 16), LONG_PROMPT) - decode_steps
-        return (max(longest, 11), 7, 3)
+        longest = max(min(max(ctx, 16), LONG_PROMPT) - decode_steps, 11)
+        rng = np.random.default_rng(seed)
+        return (longest, int(rng.integers(5, 11)), int(rng.integers(2, 5)))
 
     def scenario(
         self, prompt_lens: tuple[int, ...] | None = None, decode_steps: int = 4, seed: int | None = None
@@ -649,21 +651,16 @@ class Controller:
         no seed, one drawn fresh in the background since the last call (and the next one started), so
         a candidate's gates do not wait for the reference."""
         assert self._reference is not None
-        prompt_lens = tuple(prompt_lens or self.default_prompts(decode_steps))
         if seed is not None:
-            return self._draw(self._reference, prompt_lens, decode_steps, seed)
-        key = (prompt_lens, decode_steps)
+            lens = tuple(prompt_lens or self.default_prompts(decode_steps, seed))
+            return self._draw(self._reference, lens, decode_steps, seed)
+        # The default prompts are drawn afresh by each draw (the key says "default", not the lengths).
+        key = (tuple(prompt_lens) if prompt_lens else None, decode_steps)
         ready = self._next_scenario.pop(key, None)
-        self._next_scenario[key] = self._prefetch.submit(
-            self._draw, self._reference, prompt_lens, decode_steps
-        )
+        self._next_scenario[key] = self._prefetch.submit(self._draw, self._reference, key[0], decode_steps)
         t0 = time.perf_counter()
         try:
-            return (
-                ready.result()
-                if ready is not None
-                else self._draw(self._reference, prompt_lens, decode_steps)
-            )
+            return ready.result() if ready is not None else self._draw(self._reference, key[0], decode_steps)
         finally:
             self.reference_wait_s += time.perf_counter() - t0
 
@@ -678,7 +675,7 @@ class Controller:
     def _draw(
         self,
         ref: ReferenceExecutable,
-        prompt_lens: tuple[int, ...],
+        prompt_lens: tuple[int, ...] | None,
         decode_steps: int,
         seed: int | None = None,
     ) -> list[ScenarioStep]:
@@ -686,6 +683,7 @@ class Controller:
         weights and their f32 copies: one all-logits prefill per sequence where the model has a
         builder, else step by step."""
         t0 = time.perf_counter()
+        prompt_lens = prompt_lens or self.default_prompts(decode_steps)
         own = ReferenceExecutable(ref.graph, ref.weights, wide=ref.wide)
         whole = None
         if self._whole_graph is not None:

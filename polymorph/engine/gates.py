@@ -297,10 +297,15 @@ class _Run:
         common = {"block_size": int(loaded["block_size"]), "bucket_ctx": int(loaded["bucket"]["ctx"]),
                   "vocab": self.engine.vocab}  # fmt: skip
         try:
+            fixed = _shapes(batch)
             draws = [
                 (shape, dist, *draw(self.ginfo, self.rng, shape, dist, **common))
-                for shape in _shapes(batch)
+                for shape in fixed
                 for dist in DISTRIBUTIONS
+            ]
+            draws += [
+                (shape, DISTRIBUTIONS[0], *draw(self.ginfo, self.rng, shape, DISTRIBUTIONS[0], **common))
+                for shape in _random_shapes(batch, self.rng, fixed)
             ]
             # The decode step at batch >= 2, contexts ragged up to the bucket's longest.
             long_shape = (max(2, batch), 1)
@@ -664,18 +669,37 @@ def _eps(graph: Any) -> float:
 MAX_CASE_ROWS = 64
 
 
+RANDOM_SHAPES = 4  # chunk shapes drawn afresh for every candidate, besides the fixed ones
+
+
 def _shapes(batch: int) -> list[tuple[int, int]]:
-    """(batch, seq) cases from the loaded bucket: its decode step, an odd chunk of prompt at its
-    batch (fewer sequences where that would pass MAX_CASE_ROWS), one odd prompt alone, and an odd
-    smaller batch where there is one."""
-
-    def fit(b: int, seq: int) -> tuple[int, int]:
-        return max(1, min(b, MAX_CASE_ROWS // seq)), seq
-
-    shapes = [(batch, 1), fit(batch, 5), (1, 13)]
+    """(batch, seq) cases every candidate gets, from the loaded bucket: its decode step, an odd chunk
+    of prompt at its batch (fewer sequences where that would pass MAX_CASE_ROWS), one odd prompt
+    alone, and an odd smaller batch where there is one."""
+    shapes = [(batch, 1), _fit(batch, 5), (1, 13)]
     if batch > 2:
-        shapes.append(fit(batch - 1 if batch % 2 == 0 else batch - 2, 3))
+        shapes.append(_fit(batch - 1 if batch % 2 == 0 else batch - 2, 3))
     return list(dict.fromkeys(shapes))
+
+
+def _fit(b: int, seq: int) -> tuple[int, int]:
+    return max(1, min(b, MAX_CASE_ROWS // seq)), seq
+
+
+def _random_shapes(
+    batch: int, rng: np.random.Generator, taken: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """RANDOM_SHAPES more (batch, seq) shapes, drawn by the controller's generator for this candidate
+    (a kernel wrong only at some row counts cannot know which it will be asked)."""
+    out: list[tuple[int, int]] = []
+    for _ in range(8 * RANDOM_SHAPES):
+        if len(out) == RANDOM_SHAPES:
+            break
+        b = int(rng.integers(1, max(batch, 2) + 1))
+        shape = _fit(b, int(rng.integers(1, MAX_CASE_ROWS // b + 1)))
+        if shape not in taken and shape not in out:
+            out.append(shape)
+    return out
 
 
 def _precision_hint(err: float, dtype: DType) -> str:

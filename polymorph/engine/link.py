@@ -139,7 +139,10 @@ class LocalLink:
             answer, _ = w.receive(rid, "map", timeout)
             if not answer.get("ok") or not answer["result"].get("await_fd"):
                 raise WorkerLost("sandbox", f"the worker would not take an io arena: {answer}")
-            socket.send_fds(w.sock, [b"a"], [arena.fd])
+            try:
+                socket.send_fds(w.sock, [b"a"], [arena.fd])
+            except OSError as e:
+                raise WorkerLost("crash", f"the worker died taking an io arena ({e})") from None
             done, _ = w.receive(rid, "map", timeout)
             if not done.get("ok"):
                 raise WorkerLost("sandbox", f"the worker could not map an io arena: {done}")

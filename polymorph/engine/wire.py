@@ -129,7 +129,10 @@ class WorkerProcess:
 
     def send(self, op: str, **fields: Any) -> int:
         self.next_id += 1
-        self.sock.sendall(protocol.encode(protocol.request(self.next_id, op, **fields)))
+        try:
+            self.sock.sendall(protocol.encode(protocol.request(self.next_id, op, **fields)))
+        except OSError as e:
+            raise WorkerLost("crash", f"the worker died before `{op}` (connection lost: {e})") from None
         return self.next_id
 
     def receive(self, rid: int, op: str, timeout: float) -> tuple[dict[str, Any], int]:
