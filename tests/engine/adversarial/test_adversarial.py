@@ -67,8 +67,8 @@ TRICKS = [
     Trick("damages_weights_later.py", None, "crash", "the worker died", restarts=1),
     Trick("finishes_in_child.py", gates.NUMERICS, gates.NUMERICS, "NaN in output"),
     # Shapes the model-level scenario does not reach.
-    Trick("short_context_attention.py", gates.NUMERICS, gates.NUMERICS, "bucket's longest", group=ATTENTION),
-    Trick("batched_kv_leak.py", gates.NUMERICS, gates.NUMERICS, "bucket's longest", group=ATTENTION),
+    Trick("short_context_attention.py", gates.NUMERICS, gates.NUMERICS, "max error", group=ATTENTION),
+    Trick("batched_kv_leak.py", gates.NUMERICS, gates.NUMERICS, "max error", group=ATTENTION),
     # Reaching outside: the sandbox stops each, and the candidate is rejected for trying.
     Trick("reads_registry.py", None, "sandbox", "Permission denied", at_build=True),
     Trick("connects_tcp.py", gates.SANDBOX, gates.SANDBOX, "Operation not permitted"),
