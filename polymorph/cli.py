@@ -437,6 +437,16 @@ def cmd_engine_status(args: argparse.Namespace) -> int:
         f"{status['cache_allocations']}x"
     )
     console.table("candidate kernels in place", ["group", "kernel", "sha256"], candidates)
+    layers = status.get("sandbox") or {}
+    off = {k: v for k, v in layers.items() if v != "on"}
+    console.line(
+        f"sandbox: {len(layers) - len(off)} of {len(layers)} layers on"
+        + (
+            ""
+            if not off
+            else "; off: " + "; ".join(f"{k} ({v.removeprefix('off: ')})" for k, v in off.items())
+        )
+    )
     return 0
 
 

@@ -1,27 +1,29 @@
-"""The engine controller: the trusted side, and the Python client of a worker.
+"""The engine controller: the trusted side, and the Python client of an engine.
 
     from polymorph.engine import Controller
     with Controller.start("llama-tiny", backend="cpu") as engine:
-        swap = engine.swap("layers.0.mlp.down+residual", "my_linear_residual.py")
-        gate = engine.verify()            # rejected candidates are swapped back to the stock kernel
-        timing = engine.measure("slow", trials=20)
         swap, report = engine.try_candidate("layers.0.attn.o+residual", "my_linear_residual.py")
+        timing = engine.measure("slow", trials=20)
 
-It starts the worker (`python -m polymorph.engine.worker`) as a subprocess, holds the reference engine
-(`polymorph.session.ReferenceExecutable`) and compares: the gate for swapped candidates is the
-teacher-forced logits of the whole model, with the candidates in place and every output poisoned,
-against the reference on fresh random tokens (the scenario of `polymorph.verify.numerics`). The worker
-only ever receives token ids and returns logits. NaN never passes.
+Trust is split by process. Candidate code runs only in workers: forks of a zygote that loaded the
+model inside the sandbox (`pool`, `sandbox`), reached through a socketpair and shared memory
+(`wire`, `link`, `arena`), never holding what measures or judges them. This process holds the
+reference engine (`polymorph.session.ReferenceExecutable`), draws every input, takes every time with
+its own clock (`timing`), freezes the worker's tree when an answer comes, reads and compares the
+outputs (`gates`, `polymorph.verify.numerics`), and retires the worker a candidate ran in. The stock
+kernel's runs and the stock plan's logits, which set the gates' bars, come from a fork no candidate
+under test touched.
 
-`try_candidate` is the full path for a candidate: swap, every gate of `polymorph.engine.gates`
-(numerics of the group on fresh random inputs, KV-cache isolation, whole-model quality, honesty), and
-only then the timing, cross-checked against the host's wall clock and the profile's roofline. Each
-gate's outcome is in the returned report, and each failure in `Controller.faults`.
+`try_candidate` is the full path for a candidate: swap, every gate of `polymorph.engine.gates`, and
+only then the timing; whatever the verdict, the worker is retired (killed with everything it started)
+and a fresh fork with the accepted candidates takes its place. Each gate's outcome is in the returned
+report, and each failure in `Controller.faults`.
 
-Faults cost the candidate, not the engine: a candidate that raises at build or at run is recorded
-(`Controller.faults`) with its cause and swapped out; a worker that dies, or does not answer within
-`budget_s`, is killed and replaced by a fresh one that reloads the model and re-applies the
-candidates that had passed the gate.
+Faults cost the candidate, not the engine: a candidate that raises is recorded with its cause; a
+worker that dies, hangs, breaks the protocol or fails its canary is replaced by a fresh fork with
+the candidates that had passed (`restarts` counts those; `retired` the retirements). A detached
+engine (`polymorph engine start`) is a trusted host process with the same pool (`host`); `attach`
+drives it through the same interface.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ class Controller:
         self._canary_weight: str | None = None  # the canary's weight fingerprint at load
         self._weight_print: str | None = None  # the controller's own fingerprint of the weights
         self._harness: dict[tuple, float] = {}  # (group, shapes, calls) -> the empty launch's seconds
+        self.round_sizes: dict[tuple, int] = {}  # (group, bindings) -> calls a timed round makes
         self.wire: dict[str, WireTime] = {}  # per op, since the caller last cleared it
         # The reference's scenarios since the caller last cleared them: how long each draw took (in
         # the background or not), and how long the gates waited for one.

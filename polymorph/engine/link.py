@@ -151,14 +151,15 @@ class LocalLink:
 
     def run_calls(
         self, layout: Layout, calls: list[list[np.ndarray | None]], fields: dict[str, Any], *, fill: Any,
-        timeout: float, clean: Candidates | None = None,
+        timeout: float, clean: Candidates | None = None, quiet: bool = False,
     ) -> tuple[dict[str, Any], CallsResult | None]:  # fmt: skip
         """One `run_group` request of `calls` (outputs poisoned with `fill`, inputs written inside the
-        clock) on the current worker, or with `clean` on a fork no candidate touched (the current one
-        frozen meanwhile; `clean` names the accepted candidates it holds). The worker's answer, and what
-        came out, copied while it was frozen."""
+        clock) on the current worker, or with `clean` on a fork no candidate touched (`clean` names the
+        accepted candidates it holds; with `quiet` the current worker is frozen meanwhile, so that it
+        cannot take the host's time from a measurement). The worker's answer, and what came out,
+        copied while it was frozen."""
         arena = self._arena(layout.specs)
-        current = self.pool.current
+        current = self.pool.current if quiet else None
         w = self.pool.clean_worker(clean) if clean is not None else self.worker
         if clean is not None and current is not None:
             current.freeze()
@@ -243,7 +244,7 @@ class LocalLink:
         walls = []
         for _ in range(3):
             response, done = self.run_calls(layout, calls, {**fields, "noop": True}, fill="nan",
-                                            timeout=timeout, clean=clean)  # fmt: skip
+                                            timeout=timeout, clean=clean, quiet=True)  # fmt: skip
             if done is None:
                 return None
             walls.append(done.wall_s)

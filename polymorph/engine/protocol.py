@@ -1,78 +1,50 @@
-"""The engine's wire protocol: JSON lines between the trusted controller and one worker.
+"""The engine's wire protocol: JSON lines between the trusted side and one sandboxed worker.
 
-Transport: a local stream socket, TCP on 127.0.0.1 or a unix socket. The worker prints its address
-as the first line of its stdout (`tcp://127.0.0.1:PORT` or `unix:///path/to.sock`) and then serves
-one connection at a time. Every message is one JSON object on one line (UTF-8, `\\n`-terminated).
+Transport: one end of a socketpair the worker inherits (its only channel; `polymorph.engine.wire`).
+Every message is one JSON object on one line (UTF-8, `\\n`-terminated). Arrays travel as
+{"__ndarray__": <base64 of the C-ordered bytes>, "dtype": <numpy dtype str, or the ml_dtypes name:
+"bfloat16", "float8_e4m3fn">, "shape": [...]}; `encode`/`decode` convert them both ways. Bulk inputs and
+outputs do not travel on the wire: they live in io arenas (`polymorph.engine.arena`), sealed memfds the
+controller hands over once per worker with `map`.
 
 Request:   {"id": <int>, "op": <op>, ...op fields}
 Response:  {"id": <same int>, "ok": true,  "result": {...}, "worker_s": <seconds the op took inside>}
        or  {"id": <same int>, "ok": false, "error": {"kind": <kind>, "message": <text>}}
 
-Arrays (token ids in, logits out) travel as {"__ndarray__": <base64 of the C-ordered bytes>,
-"dtype": <numpy dtype str, or the ml_dtypes name: "bfloat16", "float8_e4m3fn">, "shape": [...]};
-`encode`/`decode` convert them both ways.
+Nothing in a response is a verdict or a time: the controller takes its own clock around requests,
+freezes the worker's tree when an answer comes, reads the arena, and compares.
 
-Ops (fields after the op name; every field not marked required has a default):
-  load      model (required: a model name, config.json or checkpoint directory), backend ("cpu"),
-            target (the backend's first chip), batch, ctx, traffic (a traffic TOML; not with
-            batch/ctx), dtype, block_size.
-            Loads weights, allocates the KV cache once and builds every stock kernel.
-            -> {model, backend, target, graph_hash, dtype, block_size, bucket: {batch, ctx}, bindings,
-                profile, groups: [{id, pattern, kernel, nodes, inputs, outputs}], load_s}
-  swap      group (required), path (required: a kernel file), config (the file's first config).
-            `path: null` puts the stock kernel back. Loads the file as a fresh module, builds it for
-            the group's spec and swaps the launch in; weights and KV cache stay as they are.
+Ops:
+  load      graph (an IR JSON file the controller wrote), weights (the weights arena's manifest,
+            mapped read-only), backend, target, batch, ctx; or model (a name the worker loads itself,
+            in-process use only). Builds every stock kernel and allocates the KV cache once.
+            -> {model, backend, target, graph_hash, dtype, block_size, bucket, bindings, cache_blocks,
+                profile, groups: [{id, pattern, kernel, nodes, inputs, outputs}], load_s, watched}
+  swap      group, path (a staged copy of the candidate; null: the stock kernel back), config.
             -> {group, sha256, build_s, swap_s}
-  verify    steps (required: [{"seqs": [...], "tokens": int32 [len(seqs), S]}]), batch, max_ctx,
-            group (informational: the group under test, or null for all), fresh (true),
-            stock_groups ([]: these groups run their stock kernel for these steps, and get the
-            candidate they held back afterwards, as built: the stock plan's run of a scenario).
-            Runs the steps teacher-forced by the caller with outputs poisoned (NaN before every
-            kernel); returns the logits of each step. fresh: on a zeroed cache with new sequences;
-            false: on the cache and sequences the previous verify left (across a swap: blocks
-            written by one kernel, decoded by the next; an error after load, measure or reset).
-            The worker never sees the expected logits: the controller compares.
-            -> {logits: [array per step], guard_nonzero: elements of the caches' guard regions
-               (the guard block 0, blocks no sequence owns, slots past each sequence's last token)
-               that are not zero after the steps}; a step that raises ends the list, with
-               {failed_step, cause} added.
-  run_group group (required), inputs (required: one array per group input, in the group's input
-            order; null for a weight: the engine's own weight tensor is used), bindings (required: {symbol: int} for the output shapes), fill ("nan" or a
-            number: what the fresh output buffers hold before the launch), stock (false: run the
-            stock kernel instead of the one swapped in), settle_s (0: wait this long after the
-            launch returned and report which outputs changed meanwhile).
-            Runs that one group's launch alone (cpu so far). A group output that is a cache
-            written in place is the input cache tensor itself, not a fresh buffer.
-            -> {outputs: [array per group output, copied the moment the launch returned],
-                checksums_before, checksums_after: [hex digest per input, around the launch],
-                in_place: [input indices written in place by design], late: [bool per output]}
-  measure   tier ("fast" | "slow"), trials (20), group (fast tier: the group to time; null: all).
-            slow: whole decode steps at the loaded bucket (batch, ctx), fresh tokens for every call,
-            the cache restored afterwards. fast: each group's launch alone on one step's inputs
-            (rotated with copies whose float activations are scaled a little: no two timed calls in
-            a row see the same content), in
-            the fast tier's engine (the model's first FAST_LAYERS layers on the same weights, loaded
-            beside the full one when the model has more; swaps reach both) where it has the group,
-            else in the full engine; `engine` says which. On a GPU: graph replay, device events.
-            Times with the backend's timer (cpu: the host's perf_counter_ns; `timer` says
-            "(replaced by a candidate)" when a candidate swapped in since the last swap replaced it:
-            every swap puts the host's clock back before it builds).
-            -> {tier, timer, median_s, spread_s (max - min), total_s (sum of trials), trials} (slow)
-               {tier, timer, engine, groups: {id: {median_s, spread_s, total_s}}, bindings, trials}
-               (fast)
-  status    -> {pid, loaded, model, backend, target, graph_hash, weight_loads, cache_allocations,
-                swaps, groups: {id: {kernel, sha256, candidate, config}}, plan: [as `load`'s groups]}
-  canary    a small fixed computation on the engine's device (a matmul and a reduction of known
-            values, and a read of the first weight's fingerprint): proves the device context still
-            computes right after a candidate raised, not just that the process answers.
-            -> {value: float, weight: fingerprint of the engine's first weight}
-  reset     stock kernel back in every group, cache zeroed. -> {restored: [group ids]}
+  verify    steps ([{"seqs", "tokens"}]), max_ctx, fresh (true), stock_groups ([]). Teacher-forced
+            steps with outputs poisoned; -> {logits: [per step], guard_nonzero}; a step that raises
+            ends the list with {failed_step, cause}.
+  map       arena (an id), entries, size; the worker answers {"await_fd": true}, the controller sends
+            the memfd (SCM_RIGHTS), the worker maps it and answers {}.
+  run_group group, io ({"id": <arena>}), calls ([{"inputs": [slot or null for a weight],
+            "outputs": [slot or null for a cache written in place]}]), bindings, stock, noop.
+            The calls' launches back to back on the arena's slots. -> {calls, watched}
+  measure   io ({"id"}: slots `tokens` [n, batch, 1] and `logits` [n, batch, vocab]). Whole decode
+            steps at the loaded bucket's longest context on the controller's tokens, the cache
+            restored afterwards. -> {trials, watched}
+  fingerprints -> {weights: {name: fingerprint}} (evidence: where a weight lives on a device)
+  status    -> {pid, loaded, model, ..., swaps, groups: {id: {kernel, sha256, candidate, config}}, plan}
+  canary    -> {value, weight}: a fixed computation on the device and the first weight's fingerprint
+  reset     stock kernels everywhere, cache zeroed. -> {restored}
+  fork      (the zygote only) threads, load?: answers {"await_fd": true}, takes a socket (SCM_RIGHTS),
+            forks a copy of itself serving it. -> {pid} (its pid in the sandbox's namespace)
   shutdown  answers {} and the worker exits.
 
-Error kinds: `bad_request` (malformed or unknown op), `not_loaded`, `user` (a UserError: bad model,
-unknown group...), `candidate_build` (the candidate failed to import, does not support the group, or
-raised in build), `candidate_run` (raised while running steps or `run_group`), `internal` (a worker
-bug).
+`watched` is a digest of the functions a candidate might rebind (clocks, torch, numpy): evidence the
+controller compares with the load's. Error kinds: `bad_request`, `not_loaded`, `user`,
+`candidate_build`, `candidate_run`, `internal`, and `worker_lost` (an engine host's answer when the
+worker it relays to died or hung).
 """
 
 from __future__ import annotations
