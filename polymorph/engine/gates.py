@@ -297,7 +297,8 @@ class _Run:
         common = {"block_size": int(loaded["block_size"]), "bucket_ctx": int(loaded["bucket"]["ctx"]),
                   "vocab": self.engine.vocab}  # fmt: skip
         try:
-            fixed = _shapes(batch)
+            ctx = int(loaded["bucket"]["ctx"])
+            fixed = [shape for shape in _shapes(batch) if shape[1] <= ctx]  # no chunk past the context
             draws = [
                 (shape, dist, *draw(self.ginfo, self.rng, shape, dist, **common))
                 for shape in fixed
@@ -305,7 +306,7 @@ class _Run:
             ]
             draws += [
                 (shape, DISTRIBUTIONS[0], *draw(self.ginfo, self.rng, shape, DISTRIBUTIONS[0], **common))
-                for shape in _random_shapes(batch, self.rng, fixed)
+                for shape in _random_shapes(batch, self.rng, fixed, ctx)
             ]
             # The decode step at batch >= 2, contexts ragged up to the bucket's longest.
             long_shape = (max(2, batch), 1)

@@ -1194,6 +1194,12 @@ def default_policy(
         read += ["/sys/module/nvidia", "/sys/module/amdgpu", "/dev/char"]
     read += [str(p) for p in extra_read]
     write = [str(scratch), "/dev/shm", *(str(p) for p in extra_write)]
+    if gpu:
+        # Seen on an H200 host (2026-12-01): CUDA's initialisation fails (cudaGetDeviceCount: error 304)
+        # unless the process may write somewhere under /proc; read and write of the rest of the tree
+        # were bisected down to that. The pid namespace hides every process but the sandbox's own, and
+        # the capabilities are dropped, so this reaches nothing outside.
+        write.append("/proc")
     unique = lambda xs: tuple(dict.fromkeys(os.path.abspath(x) for x in xs))  # noqa: E731
     return Policy(read=unique(read), write=unique(write), devices=unique(devices))
 

@@ -83,7 +83,7 @@ def test_run_group_carries_bf16_both_ways(engine: Controller) -> None:
         for v in group["inputs"]
     ]  # fmt: skip
     assert any(a is not None for a in inputs) and any(a is None for a in inputs)
-    r = engine.request("run_group", group=GROUP, inputs=inputs, bindings=bindings, stock=True)
-    (out,) = r["outputs"]
+    done = engine.run_calls(engine.group_info(GROUP), [inputs], bindings, stock=True)
+    (out,) = done.output(0)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (1, 3, 64)
     assert np.isfinite(out.astype(np.float32)).all()

@@ -99,7 +99,9 @@ def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
     elsewhere = Registry(tmp_path / "elsewhere.sqlite")
     elsewhere.import_bundle(tmp_path / "bundle.json")
     elsewhere.close()
-    third = tune(TuneOptions(model="llama-tiny", budget_s=20, workers=1, out=tmp_path / "third",
+    # 40 s: a worker's start (a sandboxed zygote loading the model) and one candidate a second or so,
+    # seven baselines and seven warm starts among them.
+    third = tune(TuneOptions(model="llama-tiny", budget_s=40, workers=1, out=tmp_path / "third",
                              registry=tmp_path / "elsewhere.sqlite", trials=3, ab_trials=3, lease_s=4))  # fmt: skip
     assert not third.buckets[0].skipped  # no champion for this toolchain: the search runs
     board = Board(tmp_path / "third" / "board.sqlite")

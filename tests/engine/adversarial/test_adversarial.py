@@ -60,7 +60,9 @@ TRICKS = [
     Trick("breaks_device.py", gates.NUMERICS, "canary", "illegal memory access", restarts=1),
     # Telling timing from gates: the timed calls are checked afterwards.
     Trick("detects_timing_rate.py", gates.CHECKED, gates.CHECKED, "timed calls checked afterwards are wrong"),
-    Trick("detects_timing_stack.py", gates.CHECKED, gates.CHECKED, "timed calls checked afterwards are wrong"),
+    Trick(
+        "detects_timing_stack.py", gates.CHECKED, gates.CHECKED, "timed calls checked afterwards are wrong"
+    ),
     Trick("memoizes_by_address.py", gates.NUMERICS, gates.NUMERICS, "max error"),
     # Tampering with what measures and judges.
     Trick("patches_torch.py", gates.TAMPER, gates.TAMPER, "rebound"),
