@@ -688,16 +688,17 @@ def _fit(b: int, seq: int) -> tuple[int, int]:
 
 
 def _random_shapes(
-    batch: int, rng: np.random.Generator, taken: list[tuple[int, int]]
+    batch: int, rng: np.random.Generator, taken: list[tuple[int, int]], ctx: int
 ) -> list[tuple[int, int]]:
     """RANDOM_SHAPES more (batch, seq) shapes, drawn by the controller's generator for this candidate
-    (a kernel wrong only at some row counts cannot know which it will be asked)."""
+    (a kernel wrong only at some row counts cannot know which it will be asked); a chunk never longer
+    than the bucket's context."""
     out: list[tuple[int, int]] = []
     for _ in range(8 * RANDOM_SHAPES):
         if len(out) == RANDOM_SHAPES:
             break
         b = int(rng.integers(1, max(batch, 2) + 1))
-        shape = _fit(b, int(rng.integers(1, MAX_CASE_ROWS // b + 1)))
+        shape = _fit(b, int(rng.integers(1, max(1, min(MAX_CASE_ROWS // b, ctx)) + 1)))
         if shape not in taken and shape not in out:
             out.append(shape)
     return out
