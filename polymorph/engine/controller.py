@@ -34,15 +34,17 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from polymorph.engine.cases import GroupInfo, Undrawable
+from polymorph.engine.gates import GateReport, blocked_by_sandbox, run_gates
 from polymorph.engine.host import start_detached
 from polymorph.engine.link import CallsResult, HostLink, Layout, LocalLink
 from polymorph.engine.sandbox import harden_self
 from polymorph.engine.timing import time_group
+from polymorph.engine.verdict import Fault
 from polymorph.engine.wire import CandidateRaised, EngineError, WorkerLost
 from polymorph.errors import UserError
 from polymorph.hw import Profile
@@ -51,20 +53,6 @@ from polymorph.ir.shapes import concrete, numel
 from polymorph.session import ReferenceExecutable
 from polymorph.tolerance import Tolerance, model_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside, reference_scenario
-
-if TYPE_CHECKING:
-    from polymorph.engine.gates import GateReport
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One candidate's failure. stage: build, run, numerics, hang, crash, or the name of the gate
-    of `polymorph.engine.gates` that rejected it (`honesty.input_dependence`, `timing.roofline`...)."""
-
-    group: str
-    kernel: str
-    stage: str
-    cause: str
 
 
 @dataclass(frozen=True)
@@ -722,8 +710,6 @@ class Controller:
             return SwapResult(group, path, False, round_trip_s=time.perf_counter() - t0, fault=fault)
         rtt = time.perf_counter() - t0
         if "__error__" in r:
-            from polymorph.engine.gates import blocked_by_sandbox
-
             cause = r["__error__"]["message"]
             fault = Fault(group, path, "sandbox" if blocked_by_sandbox(cause) else "build", cause)
             self.faults.append(fault)
@@ -839,8 +825,6 @@ class Controller:
         in only when all pass; the report's `measurement` is the timing that counts. Whatever the
         verdict, the worker it ran in is retired afterwards (the standby, loaded meanwhile, takes its
         place with the accepted candidates)."""
-        from polymorph.engine.gates import run_gates
-
         swap = self.swap(group, path, config)
         if not swap.ok:
             self._retire_touched()

@@ -67,6 +67,7 @@ from polymorph.engine.cases import (
 )
 from polymorph.engine.cases import error as _error
 from polymorph.engine.timing import time_group
+from polymorph.engine.verdict import Fault
 from polymorph.engine.wire import CandidateRaised, WorkerLost
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
@@ -74,7 +75,7 @@ from polymorph.tolerance import compare, model_tolerance, op_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside
 
 if TYPE_CHECKING:
-    from polymorph.engine.controller import Controller, Fault
+    from polymorph.engine.controller import Controller
     from polymorph.engine.link import CallsResult
 
 NUMERICS = "numerics"
@@ -163,8 +164,6 @@ def run_gates(
 ) -> GateReport:
     """Every gate on the candidate swapped into `group`; the report's faults are the failed gates'.
     Swapping back (or accepting) and retiring the worker are the caller's."""
-    from polymorph.engine.controller import Fault
-
     run = _Run(engine, group, kernel, config, np.random.default_rng(seed), seed)
     report = GateReport(group, kernel)
     stages: list[tuple[tuple[str, ...], Callable[[], list[Gate]]]] = [
