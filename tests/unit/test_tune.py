@@ -185,3 +185,45 @@ def test_an_outside_agents_post_is_measured_and_answered(tmp_path: Path) -> None
     assert result.ok and result.measurements["median_s"] > 0, result.cause
     assert candidate.group.startswith("layers.") and "@" in candidate.group  # taken into the run's scope
     assert report.elapsed_s >= 0.5 * 30  # it ran on for posts past the built-in agents' ideas
+
+
+def test_cheating_posts_from_outside_are_rejected_by_the_gate_that_names_them(tmp_path: Path) -> None:
+    """Candidates of the adversarial suite posted into a running tune, as an agent would post them:
+    each is rejected with the gate that caught it named in its result, and none reaches the registry
+    or the written plan."""
+    import threading
+
+    adversarial = Path(__file__).parents[1] / "engine" / "adversarial"
+    tricks = {"detects_timing_rate.py": "timing.checked", "connects_tcp.py": "sandbox",
+              "leaves_daemon.py": "sandbox"}  # fmt: skip
+    out, registry = tmp_path / "run", tmp_path / "registry.sqlite"
+    answers: dict[str, object] = {}
+
+    def outside_agent() -> None:
+        while not (out / "board.sqlite").exists():
+            threading.Event().wait(0.2)
+        board = Board(out / "board.sqlite")
+        ids = {
+            name: board.post(group="layers.1.mlp.down+residual", backend="cpu", target="cpu",
+                             source=(adversarial / name).read_text(), agent="outside", reasoning="faster")
+            for name in tricks
+        }  # fmt: skip
+        for name, cid in ids.items():
+            answers[name] = board.wait(cid, timeout=90)
+        board.close()
+
+    poster = threading.Thread(target=outside_agent)
+    poster.start()
+    tune(TuneOptions(model="llama-tiny", budget_s=45, workers=1, out=out, trials=3, ab_trials=3,
+                     registry=registry, wait_for_posts=True))  # fmt: skip
+    poster.join(timeout=100)
+    for name, gate in tricks.items():
+        result = answers.get(name)
+        assert result is not None and not result.ok, (name, result)
+        assert result.cause.startswith(f"{gate}:"), (name, result.cause)
+    sources = {(adversarial / name).read_text() for name in tricks}
+    reg = Registry(registry)
+    assert not [c for c in reg.list() if c.source in sources]
+    reg.close()
+    written = {p.read_text() for p in (out / "kernels").glob("*.py")} if (out / "kernels").exists() else set()
+    assert not written & sources
