@@ -24,6 +24,7 @@ from polymorph.engine import protocol
 from polymorph.errors import UserError
 
 READY_S = 120.0  # the most a worker may take to import its backend and say it is ready
+WORKER_MEMORY_SHARE = 0.8  # of the memory available at start: the sandbox's cgroup limit, where one is had
 
 
 class EngineError(UserError):
@@ -447,9 +448,14 @@ def start_worker(
         with open(stderr_path, "wb") as err:
             if knobs.sandbox:
                 from polymorph.engine import sandbox
+                from polymorph.models.zoo import available_memory_bytes
 
                 policy = sandbox.default_policy(scratch, extra_read=readable, extra_write=writable)
-                proc = sandbox.launch(argv, policy, pass_fds=(theirs.fileno(),), env=env, stderr=err)
+                # A worker that takes the machine's memory is killed in its own cgroup, not the
+                # controller by the kernel's OOM killer.
+                memory = int(available_memory_bytes() * WORKER_MEMORY_SHARE)
+                proc = sandbox.launch(argv, policy, pass_fds=(theirs.fileno(),), env=env, stderr=err,
+                                      memory_bytes=memory)  # fmt: skip
                 layers = dict(proc.layers)
             else:
                 proc = subprocess.Popen(
