@@ -39,6 +39,8 @@ class Feature(str, Enum):
     HOT_RELOAD = "hot_reload"  # swap one group's kernel in a loaded executable
     GRAPH_CAPTURE = "graph_capture"  # whole-step capture and replay (CUDA/HIP graphs)
     AOT_COMPILE = "aot_compile"  # compile device code for a target without its device
+    ENGINE = "engine"  # its executables speak the persistent engine's runtime contract (EngineRuntime)
+    FORK_LOADED = "fork_loaded"  # a loaded executable survives os.fork (no device context to lose)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,33 @@ class Executable(ABC):
     @abstractmethod
     def weight(self, name: str) -> Any:
         """The executable's own copy of one weight (a device tensor), for tests that corrupt it."""
+
+
+class EngineRuntime(Executable):
+    """The runtime contract the persistent engine's worker speaks to (a backend with Feature.ENGINE).
+
+    Attributes, read and used as they are:
+      graph   the plan's graph; `launches`: [(PlanGroup, Launch)] in plan order
+      device  the torch device its tensors live on
+      params  weight name -> its tensor (the engine fingerprints and passes them; never writes them)
+      state   state name -> its tensor (the KV cache; zeroed, saved and restored by the engine)
+      alias   output value -> the state it writes in place (cache writes)
+      poison  when true, every output is filled with NaN before its kernel runs (verify mode)
+      bucketed  false: one launch per group serves every shape (`swap`); true: a group's kernel is
+              built per shape bucket (`swap_kernel`, `launches_for`, `launch_of`, `candidate_of`)
+    """
+
+    graph: Any
+    device: Any
+    params: Mapping[str, Any]
+    state: Mapping[str, Any]
+    alias: Mapping[str, str]
+    poison: bool
+    bucketed: ClassVar[bool] = False
+
+    @abstractmethod
+    def swap(self, group_id: str, launch: Any) -> None:
+        """Put `launch` in `group_id`'s place (hot reload); weights and state stay as they are."""
 
 
 class Backend(ABC):

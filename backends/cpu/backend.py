@@ -21,7 +21,9 @@ class CpuBackend(KernelLibraryBackend):
     name: ClassVar[str] = "cpu"
     family: ClassVar[str] = "torch"
     targets: ClassVar[tuple[str, ...]] = ("cpu",)
-    features: ClassVar[frozenset[Feature]] = frozenset({Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD})
+    features: ClassVar[frozenset[Feature]] = frozenset(
+        {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.ENGINE, Feature.FORK_LOADED}
+    )
     patterns: ClassVar[tuple[str, ...]] = CPU_PATTERNS
     library_calls: ClassVar[Mapping[str, str]] = dict.fromkeys(
         ("linear", "attention", "moe", "swiglu", "linear_residual"), "torch"

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from polymorph.backend import Executable
+from polymorph.backend import EngineRuntime
 from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, share_torch, to_numpy, to_torch
 from polymorph.errors import UserError
 from polymorph.ir.graph import Graph
@@ -43,7 +43,7 @@ def build_launches(plan: Plan, artifact_dir: Path | None = None) -> list[tuple[P
     return launches
 
 
-class CpuExecutable(Executable):
+class CpuExecutable(EngineRuntime):
     def __init__(
         self,
         plan: Plan,
@@ -55,6 +55,7 @@ class CpuExecutable(Executable):
     ) -> None:
         self.plan = plan
         self.graph = plan.graph
+        self.device = torch.device("cpu")
         self.poison = poison  # fill every output with NaN before its kernel runs (verify mode)
         self.types = self.graph.types()
         self.alias = state_aliases(self.graph)

@@ -77,7 +77,14 @@ def triton_probe(name: str, facts: DeviceFacts) -> Probe:
 class TritonBackend(KernelLibraryBackend):
     family: ClassVar[str] = "triton"
     features: ClassVar[frozenset[Feature]] = frozenset(
-        {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.GRAPH_CAPTURE, Feature.AOT_COMPILE}
+        {
+            Feature.RUN,
+            Feature.MEASURE,
+            Feature.HOT_RELOAD,
+            Feature.GRAPH_CAPTURE,
+            Feature.AOT_COMPILE,
+            Feature.ENGINE,
+        }
     )
     patterns: ClassVar[tuple[str, ...]] = GPU_PATTERNS
     library_calls: ClassVar[Mapping[str, str]] = LIBRARY_CALLS

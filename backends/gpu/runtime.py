@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from polymorph.backend import Executable
+from polymorph.backend import EngineRuntime
 from polymorph.backends.cpu.runtime import state_aliases
 from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, to_numpy, to_torch
 from polymorph.errors import UserError
@@ -38,7 +38,9 @@ class _Captured:
     outputs: dict[str, torch.Tensor]
 
 
-class GpuExecutable(Executable):
+class GpuExecutable(EngineRuntime):
+    bucketed = True  # a swapped kernel is built again per shape bucket (swap_kernel)
+
     def __init__(self, backend: Any, plan: Plan, weights: Mapping[str, np.ndarray], *, device: str | None = None,
                  capture: bool = True, poison: bool = False, artifact_dir: Any = None) -> None:  # fmt: skip
         self.backend = backend

@@ -52,6 +52,7 @@ class WorkerPool:
         self.load_fields: dict[str, Any] = {}
         self.backend = "cpu"
         self.threads = 1
+        self.fork_loaded = False
         self.layers: dict[str, str] = {}
         self._forks = 0
         self._scratch_base: set[str] = set()
@@ -60,16 +61,13 @@ class WorkerPool:
 
     def publish(self, model: Any, load_args: dict[str, Any]) -> None:
         """Write `model`'s graph and weights where the workers read them; start and load the zygote."""
-        from polymorph.engine.worker import ENGINE_BACKENDS
-        from polymorph.errors import UserError
+        from polymorph.backend import Feature, registry
+        from polymorph.engine.worker import require_engine
         from polymorph.ir import serialize
 
         backend = load_args.get("backend") or "cpu"
-        if backend not in ENGINE_BACKENDS:
-            raise UserError(
-                f"the persistent engine runs on the cpu, cuda and rocm backends, not {backend}: its hot "
-                "reload (recompiling one group's HLO through the content-hashed cache) is not built"
-            )
+        require_engine(backend)
+        self.fork_loaded = Feature.FORK_LOADED in registry.get(backend).features
         self.close()
         self.model_dir.mkdir(parents=True, exist_ok=True)
         graph_path = self.model_dir / f"graph-{uuid.uuid4().hex[:8]}.json"
@@ -102,7 +100,7 @@ class WorkerPool:
 
     @property
     def _zygote_loads(self) -> bool:
-        return self.backend == "cpu"  # a GPU context cannot cross a fork
+        return self.fork_loaded  # a device context (a GPU's) cannot cross a fork: each fork loads
 
     def unpublish(self) -> None:
         if self.weights is not None:

@@ -128,11 +128,7 @@ class Worker:
             model = load_model(m["model"], **options)
             weights = model.weights()
         backend = m.get("backend") or "cpu"
-        if backend not in ENGINE_BACKENDS:
-            raise UserError(
-                f"the persistent engine runs on the cpu, cuda and rocm backends, not {backend}: its hot "
-                "reload (recompiling one group's HLO through the content-hashed cache) is not built"
-            )
+        require_engine(backend)
         # The plan only: the executable builds (JIT-compiles) its kernels on load.
         artifact = api.lower(
             model, backend, m.get("target"), batch=m.get("batch"), ctx=m.get("ctx"), traffic=m.get("traffic")
@@ -183,10 +179,6 @@ class Worker:
 
     def op_swap(self, m: dict[str, Any]) -> dict[str, Any]:
         group = self._group(m["group"])
-        if not callable(getattr(self.exe, "swap", None)):
-            raise UserError(
-                f"backend `{self.info['backend']}` cannot hot-swap kernels (no Feature.HOT_RELOAD)"
-            )
         path = m.get("path")
         if path is None:
             t0 = time.perf_counter()
@@ -258,9 +250,8 @@ class Worker:
             )
         cache = self.verify_cache
         exe = self.exe
-        poison = getattr(exe, "poison", None)
-        if poison is not None:
-            exe.poison = True  # type: ignore[union-attr]  # a kernel that skips a write shows NaN
+        poison = exe.poison  # type: ignore[union-attr]
+        exe.poison = True  # type: ignore[union-attr]  # a kernel that skips a write shows NaN
         logits: list[np.ndarray] = []
         # `stock_groups`: the stock plan's run of the same steps, those groups' candidates held aside
         # (built, not reloaded) and put back after.
@@ -282,8 +273,7 @@ class Worker:
                     }
                 logits.append(np.asarray(out))
         finally:
-            if poison is not None:
-                exe.poison = poison  # type: ignore[union-attr]
+            exe.poison = poison  # type: ignore[union-attr]
             for put_back in held:
                 put_back()
         return {"logits": logits, "guard_nonzero": self._guard_nonzero()}
@@ -312,12 +302,12 @@ class Worker:
         bindings = {str(k): int(v) for k, v in m["bindings"].items()}
         launch = _noop if m.get("noop") else self._launch_at(group, bindings, stock=bool(m.get("stock")))
         arena = self._arena(m["io"])
-        device = getattr(self.exe, "device", None)
-        on_host = device is None or getattr(device, "type", "cpu") == "cpu"
-        params = getattr(self.exe, "params", {})
+        device = self.exe.device  # type: ignore[union-attr]
+        on_host = device.type == "cpu"
+        params = self.exe.params  # type: ignore[union-attr]
         graph = self.artifact.plan.graph  # type: ignore[union-attr]
         producer = {v: n for n in graph.nodes if n.name in group.nodes for v in n.outputs}
-        alias = getattr(self.exe, "alias", {})
+        alias = self.exe.alias  # type: ignore[union-attr]
         staged: list[tuple[list[Any], list[Any]]] = []
         for call in calls:
             if len(call["inputs"]) != len(group.inputs) or len(call["outputs"]) != len(group.outputs):
@@ -430,17 +420,17 @@ class Worker:
         that a candidate broke (an illegal address on a GPU) fails here, where `status` still answers."""
         import torch
 
-        device = getattr(self.exe, "device", None) or "cpu"
+        device = self.exe.device  # type: ignore[union-attr]
         a = (torch.arange(CANARY_N * CANARY_N, device=device) % 7 - 3).float().reshape(CANARY_N, CANARY_N)
         value = float((a @ a.T).sum().item())
-        params = getattr(self.exe, "params", {})
+        params = self.exe.params  # type: ignore[union-attr]
         first = next(iter(sorted(params)), None)
         return {"value": value, "weight": None if first is None else _fingerprint(params[first])}
 
     def op_fingerprints(self, m: dict[str, Any]) -> dict[str, Any]:
         """Every weight's fingerprint, read where it lives (evidence for the controller, which compares
         them with the values a worker no candidate touched gave at load)."""
-        params = getattr(self.exe, "params", {})
+        params = self.exe.params  # type: ignore[union-attr]
         return {"weights": {name: _fingerprint(params[name]) for name in sorted(params)}}
 
     def op_reset(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -473,11 +463,10 @@ class Worker:
 
     def _per_bucket(self) -> bool:
         """GPU executables build a swapped kernel per shape bucket (swap_kernel); cpu ones take one launch."""
-        return callable(getattr(self.exe, "swap_kernel", None))
+        return bool(self.exe.bucketed)  # type: ignore[union-attr]
 
     def _device_timer(self) -> bool:
-        device = getattr(self.exe, "device", None)
-        return device is not None and getattr(device, "type", "cpu") == "cuda"
+        return self.exe is not None and self.exe.device.type == "cuda"
 
     def _launch_at(self, group: PlanGroup, bindings: Mapping[str, int], *, stock: bool) -> Launch:
         """The launch a step at `bindings` runs for `group` (the stock one with `stock`)."""
@@ -534,7 +523,7 @@ class Worker:
         last token (`PagedKVCache.written_slots`; only the guard block without a verify cache)."""
         import torch
 
-        state = getattr(self.exe, "state", {})
+        state = self.exe.state  # type: ignore[union-attr]
         cache = self.verify_cache
         guard = None if cache is None else torch.from_numpy(~cache.written_slots())  # [blocks, block_size]
         count = 0
@@ -548,14 +537,14 @@ class Worker:
         return count
 
     def _zero_state(self) -> None:
-        for t in getattr(self.exe, "state", {}).values():
+        for t in self.exe.state.values():  # type: ignore[union-attr]
             t.zero_()
 
     def _save_state(self) -> dict[str, Any]:
-        return {k: v.clone() for k, v in getattr(self.exe, "state", {}).items()}
+        return {k: v.clone() for k, v in self.exe.state.items()}  # type: ignore[union-attr]
 
     def _restore_state(self, saved: Mapping[str, Any]) -> None:
-        state = getattr(self.exe, "state", {})
+        state = self.exe.state  # type: ignore[union-attr]
         for k, v in saved.items():
             state[k].copy_(v)
 
@@ -569,7 +558,20 @@ class Worker:
 
 
 CANARY_N = 64  # the canary's matrix: (i % 7) - 3 over CANARY_N x CANARY_N, exact in f32 (and tf32)
-ENGINE_BACKENDS = ("cpu", "cuda", "rocm")  # the backends with a hot-reload shim in the worker
+
+
+def require_engine(backend: str) -> None:
+    """UserError unless `backend` declares the engine's runtime contract (Feature.ENGINE)."""
+    from polymorph.backend import Feature
+
+    if Feature.ENGINE not in registry.get(backend).features:
+        raise UserError(
+            f"the persistent engine runs on backends whose executables speak its runtime contract "
+            f"(Feature.ENGINE: cpu, cuda, rocm), not {backend}: its hot reload (recompiling one "
+            "group's HLO through the content-hashed cache) is not built"
+        )
+
+
 _FINGERPRINT_CHUNK = 1 << 22  # words per pass: a few 32 MB int64 temporaries, never a weight's copy
 
 

@@ -16,7 +16,6 @@ import torch
 
 from polymorph import api, costmodel, hw
 from polymorph.backends.cpu import microbench
-from polymorph.engine.worker import _time_groups
 from polymorph.errors import UserError
 from polymorph.session import Session
 
@@ -118,15 +117,14 @@ def test_predicted_llama_tiny_step_beside_a_measured_one(calibration_dir: Path) 
     assert math.isfinite(prediction.step_s) and prediction.step_s > 0
     assert prediction.footprint.total_bytes > prediction.footprint.weights_bytes > 0
 
-    # A measured pass (the engine's fast tier: each group's launch alone) on layer 0 refines the
+    # A measured pass (each group's time where it runs inside whole steps) on layer 0 refines the
     # prediction for layer 1 and the rest of each measured pattern.
     inputs = {
         "tokens": np.array([[1]], dtype=np.int32),
         "positions": np.array([[8]], dtype=np.int32),
         "block_table": session.cache.block_table([0]),
     }
-    groups, _ = _time_groups(exe, inputs, 10, None, lambda: None)
-    measured_groups = {g: t["median_s"] for g, t in groups.items()}
+    measured_groups, _ = exe.time_in_step(lambda: inputs, 10)
     fit = {g: s for g, s in measured_groups.items() if not g.startswith("layers.1.")}
     refined = prediction.refine(fit)
     held_out = [g for g in measured_groups if g.startswith("layers.1.")]
