@@ -135,7 +135,6 @@ class Controller:
         *,
         budget_s: float = 30.0,
         load_budget_s: float = 600.0,
-        standby: int = 1,
     ) -> None:
         self.budget_s = budget_s  # the most a swap, verify or measure may take before the worker is replaced
         self.load_budget_s = load_budget_s
@@ -186,12 +185,11 @@ class Controller:
         dtype: str | None = None,
         block_size: int | None = None,
         budget_s: float = 30.0,
-        standby: int = 1,
     ) -> Controller:
-        """Start a worker in the sandbox and load `model` into it (weights, KV cache and stock kernels,
-        once); a standby is started and loaded beside it."""
+        """Start the sandboxed zygote, load `model` into it (weights, KV cache and stock kernels, once),
+        and fork the first worker from it."""
         harden_self()
-        engine = cls(budget_s=budget_s, standby=standby)
+        engine = cls(budget_s=budget_s)
         try:
             engine.load(model, backend, target, batch=batch, ctx=ctx, traffic=traffic, dtype=dtype,
                         block_size=block_size)  # fmt: skip
@@ -205,7 +203,7 @@ class Controller:
         """Drive an engine someone else started (`polymorph engine start`, a detached host) on this
         machine. A candidate that hangs or kills its worker is recorded, and the host replaces the
         worker with a fresh one (same model, plan bucket and candidates but the blamed one's)."""
-        engine = cls(budget_s=budget_s, standby=0)
+        engine = cls(budget_s=budget_s)
         engine.link.close()
         engine.link = HostLink(address, budget_s)
         try:
@@ -656,9 +654,9 @@ class Controller:
             self.reference_wait_s += time.perf_counter() - t0
 
     def quiet(self) -> None:
-        """Wait for the scenario drawn in the background and for the standby's load, so that neither
-        takes host time from a measurement (the timing gates call it first). Errors surface where the
-        scenario or the standby is used."""
+        """Wait for the scenario drawn in the background (and, on a detached engine, for its host), so
+        that nothing takes host time from a measurement (the timing gates call it first). Errors
+        surface where the scenario is used."""
         for ready in list(self._next_scenario.values()):
             ready.exception()
         self.link.quiet()
@@ -823,7 +821,7 @@ class Controller:
         """Swap, run every gate of `polymorph.engine.gates` (each outcome recorded in the report, each
         failure in `faults`), and only then time the group with the timing gates. The candidate stays
         in only when all pass; the report's `measurement` is the timing that counts. Whatever the
-        verdict, the worker it ran in is retired afterwards (the standby, loaded meanwhile, takes its
+        verdict, the worker it ran in is retired afterwards (a fresh fork of the loaded zygote takes its
         place with the accepted candidates)."""
         swap = self.swap(group, path, config)
         if not swap.ok:

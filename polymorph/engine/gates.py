@@ -537,7 +537,7 @@ class _Run:
     # --- timing --------------------------------------------------------------------------------------
 
     def timing_gates(self, report: GateReport) -> list[Gate]:
-        self.engine.quiet()  # no scenario drawn and no standby loading on the host while timed
+        self.engine.quiet()  # no scenario drawn on the host while the candidate is timed
         self.current = CHECKED
         dtype = self.types[self.info["outputs"][0]].dtype
         allowed = max(self.allowed, op_tolerance(dtype).rtol)
