@@ -613,17 +613,8 @@ class _Run:
 
     def integrity_gates(self) -> list[Gate]:
         engine = self.engine
-        self.current = SANDBOX
-        extra = engine.link.processes()
-        if extra > 0:
-            sandbox = Gate(SANDBOX, "fail", f"the candidate left {extra} process(es) running in the worker")
-        else:
-            sandbox = Gate(SANDBOX, "pass", "nothing blocked by the sandbox; no process left running")
-        self.current = TAMPER
-        if engine.tampered:
-            tamper = Gate(TAMPER, "fail", f"{engine.tampered} while the candidate was in")
-        else:
-            tamper = Gate(TAMPER, "pass", "clocks, torch and numpy functions as loaded")
+        # The weights first: reading their fingerprints is the last request that runs in the worker,
+        # so a process started while it answers is counted below too.
         self.current = WEIGHTS
         changed = engine.weights_intact()
         weights = (
@@ -631,6 +622,17 @@ class _Run:
             if changed
             else Gate(WEIGHTS, "pass", "every weight holds the bytes it held at load")
         )
+        self.current = TAMPER
+        if engine.tampered:
+            tamper = Gate(TAMPER, "fail", f"{engine.tampered} while the candidate was in")
+        else:
+            tamper = Gate(TAMPER, "pass", "clocks, torch and numpy functions as loaded")
+        self.current = SANDBOX
+        extra = engine.link.processes()
+        if extra > 0:
+            sandbox = Gate(SANDBOX, "fail", f"the candidate left {extra} process(es) running in the worker")
+        else:
+            sandbox = Gate(SANDBOX, "pass", "nothing blocked by the sandbox; no process left running")
         return [sandbox, tamper, weights]
 
 
