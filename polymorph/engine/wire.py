@@ -254,8 +254,9 @@ def host_pid_of(ns_pid: int, among: list[int]) -> int | None:
 
 class Freezer:
     """A cgroup-v1 freezer group of one worker (root, where /sys/fs/cgroup/freezer is writable): every
-    process the worker starts is in it too, so freezing, listing and killing its whole tree is a
-    file write or read, not a scan of /proc."""
+    process the worker starts is in it too, even one reparented away from it, so listing its whole
+    tree is a file read, not a scan of /proc. (Its own freezing is not used for the worker: see
+    ForkedProc.freeze.)"""
 
     ROOT = Path("/sys/fs/cgroup/freezer")
 
@@ -351,53 +352,39 @@ class ForkedProc:
             return self.freezer.pids()
         return [self.pid, *descendants(self.pid)]
 
-    def kill(self) -> None:
-        """Every process of the tree, including those it starts while being killed: with a freezer
-        group, freeze it (nothing can fork any more), SIGKILL every member, thaw (the kill lands
-        before any of them runs again), until the group is empty."""
-        if self.freezer is None:
-            for pid in self.tree():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return
+    def _signal_all(self, sig: int) -> list[int]:
+        """`sig` to every process of the tree, again until no new one shows (one that forked while
+        being stopped or killed); the processes signalled."""
+        done: set[int] = set()
         for _ in range(100):
-            pids = self.freezer.pids()
-            if not pids:
-                return
-            try:
-                self.freezer.freeze()
-            except EngineError:
-                pass  # a task in the middle of exiting; the kill below still lands
-            for pid in pids + self.freezer.pids():
+            fresh = [p for p in self.tree() if p not in done]
+            if not fresh:
+                break
+            for pid in fresh:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            self.freezer.thaw()
+            done.update(fresh)
+        return sorted(done)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the tree, including those it starts while being killed (a stopped
+        process dies of SIGKILL too), until the tree is empty."""
+        for _ in range(100):
+            if not self._signal_all(signal.SIGKILL) or self.freezer is None:
+                return
             time.sleep(0.001)
 
     def freeze(self) -> None:
-        if self.freezer is not None:
-            self.freezer.freeze()
-            return
-        for pid in self.tree():
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                _wait_stopped(pid)
-            except ProcessLookupError:
-                pass
+        """SIGSTOP the whole tree and wait until every process of it is stopped. Not the cgroup
+        freezer: a task frozen there cannot die until thawed, so a controller killed while its worker
+        was frozen would leave the worker behind; a stopped one dies with its namespace."""
+        for pid in self._signal_all(signal.SIGSTOP):
+            _wait_stopped(pid)
 
     def thaw(self) -> None:
-        if self.freezer is not None:
-            self.freezer.thaw()
-            return
-        for pid in self.tree():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        self._signal_all(signal.SIGCONT)
 
 
 def _wait_stopped(pid: int, budget_s: float = 2.0) -> None:

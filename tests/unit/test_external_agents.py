@@ -208,7 +208,7 @@ def test_tune_measures_an_endpoint_candidate_through_every_gate(endpoint: str, t
     from polymorph.search.board import Board
     from polymorph.search.tune import TuneOptions, tune
 
-    report = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=tmp_path, trials=3, ab_trials=3,
+    report = tune(TuneOptions(model="llama-tiny", budget_s=50, workers=1, out=tmp_path, trials=3, ab_trials=3,
                               agent_endpoint=endpoint, agent_model="fake-coder"))  # fmt: skip
     errors = report.buckets[0].agent_errors
     assert errors and all("no kernel file" in e for e in errors)  # the patterns it had no answer for

@@ -43,6 +43,7 @@ def test_every_requested_variable_is_a_knob() -> None:
         "POLYMORPH_MEMORY_LIMIT_GB",
         "POLYMORPH_CPU_THREADS",
         "POLYMORPH_PLAIN",
+        "POLYMORPH_SANDBOX",
     }
 
 
