@@ -77,6 +77,10 @@ def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
     untuned = api.run("llama-tiny", [3, 1, 4, 1, 5], backend="cpu", new_tokens=4)
     assert tuned.tokens == untuned.tokens
 
+    reg = Registry(out / "registry.sqlite")
+    reg.export_bundle(tmp_path / "bundle.json")  # before the second run, whose re-verification may demote
+    reg.close()
+
     # a second run with the same registry starts from the first run's champions
     second = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=tmp_path / "again",
                               registry=out / "registry.sqlite", trials=3, ab_trials=3, lease_s=4))  # fmt: skip
@@ -87,11 +91,8 @@ def test_tune_survives_a_killed_worker_and_warm_starts(tmp_path: Path) -> None:
     assert any(c.agent == "registry" for c in board.candidates())
     board.close()
 
-    # Champions recorded under another toolchain (a bundle from another machine) warm-start a run here:
-    # posted as candidates, re-verified and measured, not taken on trust.
-    reg = Registry(out / "registry.sqlite")
-    reg.export_bundle(tmp_path / "bundle.json")
-    reg.close()
+    # Champions recorded under another toolchain (a bundle from another machine, exported after the
+    # first run) warm-start a run here: posted as candidates, re-verified and measured, not taken on trust.
     bundle = json.loads((tmp_path / "bundle.json").read_text())
     for entry in bundle["champions"]:
         entry["toolchain"] = "torch 0.0 on another machine"
