@@ -211,7 +211,9 @@ def test_tune_measures_an_endpoint_candidate_through_every_gate(endpoint: str, t
     report = tune(TuneOptions(model="llama-tiny", budget_s=50, workers=1, out=tmp_path, trials=3, ab_trials=3,
                               agent_endpoint=endpoint, agent_model="fake-coder"))  # fmt: skip
     errors = report.buckets[0].agent_errors
-    assert errors and all("no kernel file" in e for e in errors)  # the patterns it had no answer for
+    # The patterns it had no answer for, and answers that came after the search had stopped taking
+    # candidates (a run that ran out of ideas before the agent answered them all).
+    assert errors and all("no kernel file" in e or "after the search stopped" in e for e in errors), errors
     board = Board(tmp_path / "board.sqlite")
     mine = [c for c in board.candidates() if c.agent == "endpoint"]
     board.close()
