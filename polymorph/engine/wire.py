@@ -72,22 +72,6 @@ def worker_environ(scratch: Path) -> dict[str, str]:
     return env
 
 
-def read_paths(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What a worker may read: the interpreter and its packages, polymorph's own tree (kernel sources
-    and profiles included) and `extra` (the controller's model folder, the weights arena)."""
-    import site
-    import sysconfig
-
-    import polymorph
-
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    paths.update(site.getsitepackages())
-    paths.update(p for p in sysconfig.get_paths().values() if p)
-    paths.add(str(Path(polymorph.__file__).resolve().parent.parent))  # the checkout of an editable install
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return tuple(sorted({os.path.realpath(p) for p in paths if p} | set(extra)))
-
-
 @dataclass
 class WorkerProcess:
     """A started worker: its process handle (sandboxed or plain), its end of the socketpair, the

@@ -616,12 +616,6 @@ _MIX_A = _signed64(0xBF58476D1CE4E5B9)
 _MIX_B = _signed64(0x94D049BB133111EB)
 
 
-def _fill_value(fill: Any, is_float: bool) -> float:
-    if fill == "nan":
-        return float("nan") if is_float else -(2**30)
-    return float(fill) if is_float else int(fill)
-
-
 def _noop(inputs: Any, outputs: Any, scratch: Any) -> None:
     """The empty launch: what the harness costs per call, measured on a worker no candidate touched."""
 
