@@ -1,1 +1,1 @@
-"""In-tree backends, installed as `polymorph.backends.<family>`: cpu, cuda, rocm, neuron."""
+"""In-tree backends, installed as `polymorph.backends.<name>`: cpu, cuda, rocm, neuron."""

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import PolymorphRunner, random_weights, timed_steps
 
 from polymorph.backends.gpu.backend import launch_counts
-from polymorph.costmodel import predict
-from polymorph.hw import load_profile
+from polymorph.cost.model import predict
+from polymorph.hardware.profile import load_profile
 from polymorph.models import load_model
 
 FIT_LAYERS = range(8)  # refinement is fitted on these layers' groups (and those outside the layers)

@@ -27,9 +27,9 @@ import numpy as np
 
 from polymorph import api
 from polymorph.backends.cpu.microbench import run_suite, write_calibration
-from polymorph.costmodel import predict
+from polymorph.cost.model import predict
 from polymorph.engine.controller import Controller
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
 from polymorph.knobs import knobs
 
 
@@ -95,9 +95,9 @@ def main() -> int:
 
 def decode_step(model: str, ctx: int) -> tuple[Any, Callable[[], dict[str, np.ndarray]]]:
     """A cpu executable of its own and fresh inputs of one decode step at `ctx` (tokens vary per call)."""
-    from polymorph.backend import registry
-    from polymorph.kvcache import PagedKVCache
     from polymorph.models import load_model
+    from polymorph.pipeline.backend import registry
+    from polymorph.serving.kvcache import PagedKVCache
 
     m = load_model(model)
     exe = registry.get("cpu").load(api.compile(m, "cpu", "cpu", batch=1, ctx=ctx), m.weights())

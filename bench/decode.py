@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peer_llama import PeerLlama
 
-from polymorph.backend import registry
 from polymorph.backends.gpu.runtime import GpuExecutable
-from polymorph.hw import load_profile
+from polymorph.cost.model import group_cost
+from polymorph.hardware.profile import load_profile
 from polymorph.ir.dtypes import DType
 from polymorph.ir.shapes import numel
 from polymorph.models import Model, load_model
 from polymorph.passes import specialize
-from polymorph.predict import group_cost
-from polymorph.tolerance import compare, model_tolerance
+from polymorph.pipeline.backend import registry
+from polymorph.verify.tolerance import compare, model_tolerance
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, trials: int = 20) -> float:

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from polymorph.engine.controller import Controller
-from polymorph.kernel_files import kernels_root
 from polymorph.models import load_model
 from polymorph.models.checkpoint import save_checkpoint
+from polymorph.pipeline.kernel_files import kernels_root
 
 COLD = """
 import sys, time

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from polymorph.ir.ops import OPS, normalize_attrs
+from polymorph.ir.reference import rope_inv_freq
 from polymorph.models.config import ModelConfig
 from polymorph.models.decoder import expert_param_names, moe_prefix
-from polymorph.reference import rope_inv_freq
 
 
 class PeerLlama(torch.nn.Module):
@@ -30,8 +30,8 @@ class PeerLlama(torch.nn.Module):
         self, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, batch: int, max_ctx: int
     ) -> None:
         super().__init__()
-        if cfg.family not in ("llama", "mixtral"):
-            raise ValueError(f"the torch peer implements llama and mixtral, not {cfg.family}")
+        if cfg.model_type not in ("llama", "mixtral"):
+            raise ValueError(f"the torch peer implements llama and mixtral, not {cfg.model_type}")
         self.cfg = cfg
         self.w = weights
         ref = weights["model.embed_tokens.weight"]
@@ -80,7 +80,7 @@ class PeerLlama(torch.nn.Module):
             y = y.transpose(1, 2).reshape(b, s, nh * hd)
             x = x + F.linear(y, w[f"{p}.self_attn.o_proj.weight"])
             h = self._rms(x, w[f"{p}.post_attention_layernorm.weight"])
-            if cfg.family == "llama":
+            if cfg.model_type == "llama":
                 gate = F.linear(h, w[f"{p}.mlp.gate_proj.weight"])
                 up = F.linear(h, w[f"{p}.mlp.up_proj.weight"])
                 x = x + F.linear(F.silu(gate) * up, w[f"{p}.mlp.down_proj.weight"])

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from polymorph import api
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
 from polymorph.knobs import knobs
 from polymorph.models import load_model
 

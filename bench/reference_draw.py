@@ -12,7 +12,7 @@ import platform
 import time
 
 from polymorph.models import load_model
-from polymorph.session import ReferenceExecutable
+from polymorph.serving.session import ReferenceExecutable
 from polymorph.verify.numerics import reference_scenario
 
 

@@ -1,5 +1,5 @@
 """Tensor parallelism on two GPUs of one host: TP=2 against the single-GPU plan, logits and step time,
-beside polymorph/parallel.py's prediction for both, in one run.
+beside polymorph/cost/parallel.py's prediction for both, in one run.
 
     python bench/tp_check.py --model llama-3.2-1b --batch 1 --ctx 1024 --out tp.json
 
@@ -32,11 +32,11 @@ import json, statistics, sys, time
 import numpy as np
 import torch
 import torch.distributed as dist
-from polymorph.backend import registry
-from polymorph.hw import load_profile
+from polymorph.pipeline.backend import registry
+from polymorph.hardware.profile import load_profile
 from polymorph.models import load_model
 from polymorph.passes import bucket_bindings
-from polymorph.tensor_parallel import TensorParallel
+from polymorph.serving.tensor_parallel import TensorParallel
 
 rank, store, out, model_name, batch, ctx, steps = sys.argv[1:8]
 rank, batch, ctx, steps = int(rank), int(batch), int(ctx), int(steps)
@@ -77,8 +77,8 @@ def dump(phase):
 if rank == 0:
     from polymorph.backends.gpu.runtime import GpuExecutable
     from polymorph.ir.dtypes import DType
-    from polymorph.session import ReferenceExecutable
-    from polymorph.tolerance import compare, model_tolerance, no_worse
+    from polymorph.serving.session import ReferenceExecutable
+    from polymorph.verify.tolerance import compare, model_tolerance, no_worse
     from polymorph.verify.numerics import STOCK_SLACK
     tol = model_tolerance(DType.BF16)
     single = GpuExecutable(backend, backend.lower(model.graph, load_profile("h200"), bindings), weights)
@@ -135,7 +135,7 @@ def main() -> int:
                    help="calibration directory for the prediction (default: hwprofiles/measured)")  # fmt: skip
     args = p.parse_args()
     t_start = time.perf_counter()
-    from polymorph.parallel import plan_parallel
+    from polymorph.cost.parallel import plan_parallel
 
     predicted = plan_parallel(args.model, 2, backend="cuda", target="h200", batch=args.batch, ctx=args.ctx,
                               calibration_dir=args.calibration)  # fmt: skip

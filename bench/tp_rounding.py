@@ -8,11 +8,11 @@ rounded to bf16, summed, rounded; both against the f32 reference on the same wei
 
 import numpy as np
 
-from polymorph import reference
+from polymorph.ir import reference
 from polymorph.ir.dtypes import DType
 from polymorph.models import load_model
-from polymorph.session import ReferenceExecutable
-from polymorph.tolerance import compare, model_tolerance
+from polymorph.serving.session import ReferenceExecutable
+from polymorph.verify.tolerance import compare, model_tolerance
 
 
 def main() -> None:

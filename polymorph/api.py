@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from polymorph.backend import Artifact, Executable, registry
 from polymorph.errors import UserError
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
 from polymorph.ir import serialize
 from polymorph.knobs import knobs
 from polymorph.models import Model, load_model
 from polymorph.passes import bucket_bindings
-from polymorph.plan import Plan
-from polymorph.session import Generation, ReferenceExecutable, Sampler, generate
-from polymorph.traffic import TrafficShape
+from polymorph.pipeline.backend import Artifact, Executable, registry
+from polymorph.pipeline.plan import Plan
+from polymorph.serving.session import Generation, ReferenceExecutable, Sampler, generate
+from polymorph.serving.traffic import TrafficShape
 from polymorph.verify import VerifyResult, verify_executable
 
 
@@ -69,9 +69,9 @@ def check_engine_sizes(
     Returns the bytes the engine needs."""
     from functools import partial
 
-    from polymorph.console import quantity
+    from polymorph.cli.console import quantity
+    from polymorph.cost.model import tensor_bytes
     from polymorph.models.zoo import available_memory_bytes
-    from polymorph.predict import tensor_bytes
 
     if block_size is not None and (isinstance(block_size, bool) or block_size < 1):
         raise UserError(f"--block-size is tokens per KV-cache block and must be at least 1, got {block_size}")
@@ -86,7 +86,7 @@ def check_engine_sizes(
     values = [t for v, t in m.graph.types().items() if v not in m.graph.params and v not in m.graph.state]
     activations = max((tensor_bytes(t, bindings) for t in values), default=0)
     need = weights + kv + activations
-    device = profile.memory_bytes() if b.family != "cpu" else None
+    device = profile.memory_bytes() if profile.target.family != "cpu" else None
     have = device if device is not None else available_memory_bytes()
     if need > have:
         q = partial(quantity, unit="B")
@@ -117,9 +117,9 @@ def compile(
     """Lower and compile `model` for `target` (a profile id; default: the backend's first chip).
 
     Needs no device. Costs and predicted times in the report are for one decode step at the bucket.
-    `out` must be missing, empty or a previous compile output unless `force` (polymorph/outdir.py).
+    `out` must be missing, empty or a previous compile output unless `force` (polymorph/cli/outdir.py).
     """
-    from polymorph.outdir import claim_out
+    from polymorph.cli.outdir import claim_out
 
     m = as_model(model)
     b = registry.get(backend or knobs.backend)
@@ -143,7 +143,7 @@ def lower(
 ) -> Artifact:
     """The plan `compile` makes, with its report, but no device code: for runtimes that build their
     kernels themselves on load (the engine, the Triton JIT), so nothing is compiled twice."""
-    from polymorph.predict import plan_report
+    from polymorph.cost.model import plan_report
 
     m = as_model(model)
     b = registry.get(backend or knobs.backend)
@@ -168,7 +168,7 @@ def load(artifact: Artifact, model: str | Path | Model | None = None) -> Executa
 def load_compiled(out_dir: str | Path) -> Artifact:
     """A compile output directory (plan.json, graph.json, kernels/ or device/) as an Artifact whose
     kernels are the copies in that directory, not whatever the library holds now."""
-    from polymorph.predict import plan_report
+    from polymorph.cost.model import plan_report
 
     out_dir = Path(out_dir)
     plan = Plan.load(out_dir)

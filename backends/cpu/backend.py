@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from polymorph.backend import Artifact, Capability, Feature, Probe
-from polymorph.kernel_files import copy_kernel_sources
-from polymorph.lowering import KernelLibraryBackend
-from polymorph.plan import Plan
-from polymorph.predict import plan_report
+from polymorph.cost.model import plan_report
+from polymorph.pipeline.backend import Artifact, Capability, Feature, Probe
+from polymorph.pipeline.kernel_files import copy_kernel_sources
+from polymorph.pipeline.lowering import KernelLibraryBackend
+from polymorph.pipeline.plan import Plan
 
 # The fusions kernels/torch/ has kernels for: one less round trip through memory per pattern.
 CPU_PATTERNS = ("linear+silu*mul", "linear+residual")
@@ -19,7 +19,7 @@ CPU_PATTERNS = ("linear+silu*mul", "linear+residual")
 
 class CpuBackend(KernelLibraryBackend):
     name: ClassVar[str] = "cpu"
-    family: ClassVar[str] = "torch"
+    language: ClassVar[str] = "torch"
     targets: ClassVar[tuple[str, ...]] = ("cpu",)
     features: ClassVar[frozenset[Feature]] = frozenset(
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.ENGINE, Feature.FORK_LOADED}

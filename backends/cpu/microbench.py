@@ -8,7 +8,7 @@ What is measured:
   a kernel dispatches beyond its first adds;
 - the cpu executable's own costs (`launch_overhead` per kernel call, `step_overhead` per step), from
   steps of 1 and 17 tiny kernels;
-- curves the cost model interpolates (polymorph/costmodel.py): read and copy bandwidth by buffer size,
+- curves the cost model interpolates (polymorph/cost/model.py): read and copy bandwidth by buffer size,
   decode attention's K/V read rate by context length, and matmul rates over decoder-like skinny shapes
   x[M, K] @ w[N, K]^T (M of 1 to 64, K = N).
 
@@ -18,7 +18,7 @@ trial so that the clock's own cost does not count. Curve points are net of the c
 `_net_seconds`): the cost model adds the overhead once per kernel, so the curves must not hold it too.
 `quick=True` runs fewer sizes, shapes and trials (a few seconds; what tests use).
 
-The rows (Measurement, CurveMeasurement, SuiteResult) and the file writer are polymorph/microbench.py's,
+The rows (Measurement, CurveMeasurement, SuiteResult) and the file writer are polymorph/hardware/microbench.py's,
 shared with the GPU suite (backends/gpu/microbench.py); this module adds the host's provenance.
 """
 
@@ -33,9 +33,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from polymorph import microbench
 from polymorph.errors import UserError
-from polymorph.microbench import KIB, MIB, CurveMeasurement, Measurement, SuiteResult, Timing, net_seconds
+from polymorph.hardware import microbench
+from polymorph.hardware.microbench import (
+    KIB,
+    MIB,
+    CurveMeasurement,
+    Measurement,
+    SuiteResult,
+    Timing,
+    net_seconds,
+)
 
 BANDWIDTH_SIZES = (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 QUICK_BANDWIDTH_SIZES = (64 * KIB, 1 * MIB, 16 * MIB)
@@ -109,10 +117,10 @@ def runtime_overheads(trials: int = 9, chain: int = 16) -> tuple[Measurement, Me
     the cpu backend (lower, load, run): per kernel call (the group's Python launch, its output buffer,
     the value table) and per step (binding shapes, numpy/torch conversion). These are what a decode step
     of small kernels pays on top of their arithmetic; no kernel of a model's plan is run."""
-    from polymorph.backend import registry
-    from polymorph.hw import load_profile
+    from polymorph.hardware.profile import load_profile
     from polymorph.ir.builder import GraphBuilder
     from polymorph.ir.dtypes import DType
+    from polymorph.pipeline.backend import registry
 
     def step_seconds(n: int) -> float:
         b = GraphBuilder(f"overhead-{n}")
@@ -298,7 +306,7 @@ def _toolchain() -> dict[str, str]:
 
 
 def calibration_toml(results: SuiteResult | Sequence[Measurement]) -> str:
-    """The host's calibration file for the `cpu` profile (polymorph.microbench.calibration_toml)."""
+    """The host's calibration file for the `cpu` profile (polymorph.hardware.microbench.calibration_toml)."""
     return microbench.calibration_toml(
         results,
         profile="cpu",

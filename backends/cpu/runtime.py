@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from polymorph.backend import EngineRuntime
 from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, share_torch, to_numpy, to_torch
 from polymorph.errors import UserError
+from polymorph.hardware.target import Target
 from polymorph.ir.graph import Graph
+from polymorph.ir.reference import bind_leaf_shapes
 from polymorph.ir.shapes import concrete
-from polymorph.kernel_files import Launch, load_choice
-from polymorph.lowering import kernel_spec
-from polymorph.plan import Plan, PlanGroup
-from polymorph.reference import bind_leaf_shapes
-from polymorph.target import Target
+from polymorph.pipeline.backend import EngineRuntime
+from polymorph.pipeline.kernel_files import Launch, load_choice
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.pipeline.plan import Plan, PlanGroup
 
 
 def state_aliases(graph: Graph) -> dict[str, str]:

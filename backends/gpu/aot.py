@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polymorph.errors import MissingDependency, UserError
-from polymorph.kernel_files import CompileUnit
-from polymorph.target import Target
+from polymorph.hardware.target import Target
+from polymorph.pipeline.kernel_files import CompileUnit
 
 # Per-SM / per-CU limits used for occupancy (sources: hwprofiles/*.toml and their vendor documents).
 _CUDA_SM = {"max_warps": 64, "registers": 65536, "shared": 228 * 1024, "reg_granularity": 256}

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Capability, Feature, Probe
 from polymorph.backends import device_probe
+from polymorph.cost.model import plan_report
 from polymorph.errors import UserError
-from polymorph.kernel_files import KernelFile, copy_kernel_sources, load_choice
-from polymorph.lowering import KernelLibraryBackend, kernel_spec
+from polymorph.hardware.target import Target
 from polymorph.passes import specialize
-from polymorph.plan import Plan
-from polymorph.predict import plan_report
-from polymorph.target import Target
+from polymorph.pipeline.backend import Artifact, Capability, Feature, Probe
+from polymorph.pipeline.kernel_files import KernelFile, copy_kernel_sources, load_choice
+from polymorph.pipeline.lowering import KernelLibraryBackend, kernel_spec
+from polymorph.pipeline.plan import Plan
 
 # The fusions kernels/triton/ has kernels for, in match order: the norm folded into the q/k/v GEMV
 # with rope and the cache write in its epilogue; the norm folded into the gate/up GEMV with SwiGLU;
@@ -75,7 +75,7 @@ def triton_probe(name: str, facts: DeviceFacts) -> Probe:
 
 
 class TritonBackend(KernelLibraryBackend):
-    family: ClassVar[str] = "triton"
+    language: ClassVar[str] = "triton"
     features: ClassVar[frozenset[Feature]] = frozenset(
         {
             Feature.RUN,

@@ -6,7 +6,7 @@ What is measured, on device 0:
 - `launch_overhead`: the per-kernel cost of a tiny kernel (torch.add of 8 elements) replayed from a
   graph of back-to-back launches, what a decode step captured in a graph pays; the host's launch cost
   (device events around as many back-to-back launches from Python) is in its note;
-- curves the cost model interpolates (polymorph/costmodel.py): read bandwidth (torch.sum over a bf16
+- curves the cost model interpolates (polymorph/cost/model.py): read bandwidth (torch.sum over a bf16
   buffer) and copy bandwidth by size, 1 MiB to 1 GiB; GEMV/GEMM rates of torch.nn.functional.linear
   x[M, K] @ w[N, K]^T in bf16 and f16 at M of 1 to 128 over Llama-3.2-1B's (K, N): the attention
   and MLP projections and the LM head; decode attention (torch SDPA, one query token, grouped-query,
@@ -25,7 +25,7 @@ CUDA graph, HIP graph on ROCm), after a warm-up of the device and warm replays; 
 of its trials, with the spread (max - min) / median. Operands are cold as in a decode step: each call
 reads the next of enough copies of its buffers (weights, for GEMMs) that together they are at least 3x
 the largest cache the data passes through (L2, or the Infinity Cache where the profile names one).
-Curve points are net of the graph launch overhead (polymorph.microbench.net_seconds), which the cost
+Curve points are net of the graph launch overhead (polymorph.hardware.microbench.net_seconds), which the cost
 model adds once per kernel. `quick=True` runs fewer sizes, shapes and trials (a smoke test).
 """
 
@@ -45,10 +45,19 @@ from pathlib import Path
 
 import torch
 
-from polymorph import hw, microbench
 from polymorph.backends.gpu.timing import ROTATE_MAX_BYTES, graph_seconds
 from polymorph.errors import UserError
-from polymorph.microbench import KIB, MIB, CurveMeasurement, Measurement, SuiteResult, Timing, net_seconds
+from polymorph.hardware import microbench
+from polymorph.hardware import profile as hw
+from polymorph.hardware.microbench import (
+    KIB,
+    MIB,
+    CurveMeasurement,
+    Measurement,
+    SuiteResult,
+    Timing,
+    net_seconds,
+)
 
 BANDWIDTH_SIZES = tuple(MIB << (2 * i) for i in range(6))  # 1 MiB .. 1 GiB
 QUICK_BANDWIDTH_SIZES = (1 * MIB, 64 * MIB)

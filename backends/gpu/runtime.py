@@ -17,18 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from polymorph.backend import EngineRuntime
 from polymorph.backends.cpu.runtime import state_aliases
 from polymorph.backends.torch_bridge import IR_DTYPE, TORCH_DTYPE, to_numpy, to_torch
 from polymorph.errors import UserError
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
+from polymorph.hardware.target import Target
+from polymorph.ir.reference import bind_leaf_shapes
 from polymorph.ir.shapes import concrete
-from polymorph.kernel_files import Launch, load_choice
-from polymorph.lowering import kernel_spec
 from polymorph.passes import specialize
-from polymorph.plan import Plan, PlanGroup
-from polymorph.reference import bind_leaf_shapes
-from polymorph.target import Target
+from polymorph.pipeline.backend import EngineRuntime
+from polymorph.pipeline.kernel_files import Launch, load_choice
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.pipeline.plan import Plan, PlanGroup
 
 
 @dataclass

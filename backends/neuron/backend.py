@@ -34,17 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polymorph.backend import Artifact, Capability, Feature, Probe
 from polymorph.backends import device_probe
 from polymorph.backends.neuron import neuronxcc
+from polymorph.cost.model import plan_report
 from polymorph.errors import MissingDependency, UserError
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
 from polymorph.ir.graph import Graph
 from polymorph.ir.ops import normalize_attrs, op_def
 from polymorph.ir.shapes import numel
-from polymorph.lowering import KernelLibraryBackend
-from polymorph.plan import Plan, PlanGroup, Report
-from polymorph.predict import plan_report
+from polymorph.pipeline.backend import Artifact, Capability, Feature, Probe
+from polymorph.pipeline.lowering import KernelLibraryBackend
+from polymorph.pipeline.plan import Plan, PlanGroup, Report
 
 # The fusions kernels/xla/ has files for. XLA fuses elementwise work on its own; these groups are
 # the units of the per-group compile cache (hot reload) and of the report.
@@ -59,7 +59,7 @@ MANIFEST_VERSION = 1
 
 class NeuronBackend(KernelLibraryBackend):
     name: ClassVar[str] = "neuron"
-    family: ClassVar[str] = "xla"
+    language: ClassVar[str] = "xla"
     targets: ClassVar[tuple[str, ...]] = ("trn2",)
     features: ClassVar[frozenset[Feature]] = frozenset(
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.AOT_COMPILE}
@@ -250,7 +250,7 @@ def write_artifact(artifact: Artifact, compiled: CompiledModules, out_dir: Path)
     and report.json; fill the compile cache and build NEFFs where neuronx-cc is installed."""
     import jax
 
-    from polymorph.kernel_files import kernels_root
+    from polymorph.pipeline.kernel_files import kernels_root
 
     plan = artifact.plan
     out_dir.mkdir(parents=True, exist_ok=True)

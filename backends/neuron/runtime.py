@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from polymorph.backend import Executable
 from polymorph.backends import device_probe
 from polymorph.backends.neuron.neuronxcc import flags
 from polymorph.backends.neuron.step import Signature, jax_dtype, step_function
@@ -33,9 +32,10 @@ from polymorph.errors import UserError
 from polymorph.ir import serialize
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
+from polymorph.ir.reference import bind_leaf_shapes
 from polymorph.ir.shapes import concrete
-from polymorph.plan import Plan
-from polymorph.reference import bind_leaf_shapes
+from polymorph.pipeline.backend import Executable
+from polymorph.pipeline.plan import Plan
 
 # Jitted steps shared by executables of the same plan (the conformance tests load one per sample):
 # key = (graph hash, kernels and configs, dims, platform). Hot-swapped executables keep their own.

@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from polymorph.errors import UserError
+from polymorph.hardware.target import Target
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph, TensorType
-from polymorph.kernel_files import load_choice
-from polymorph.lowering import kernel_spec
 from polymorph.passes import specialize
-from polymorph.plan import Plan, PlanGroup
-from polymorph.target import Target
+from polymorph.pipeline.kernel_files import load_choice
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.pipeline.plan import Plan, PlanGroup
 
 # The launch of an XLA kernel file: jax arrays in (spec.inputs order), a tuple of jax arrays out.
 XlaLaunch = Callable[..., Sequence[Any]]

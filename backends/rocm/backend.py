@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from polymorph.backend import Probe
 from polymorph.backends import device_probe
 from polymorph.backends.gpu.backend import DeviceFacts, TritonBackend, triton_probe
+from polymorph.pipeline.backend import Probe
 
 
 class RocmBackend(TritonBackend):

@@ -2,7 +2,7 @@
 
 import torch
 
-from polymorph.reference import rope_inv_freq
+from polymorph.ir.reference import rope_inv_freq
 
 IMPLEMENTS = "rope"
 CONFIGS = [{}]

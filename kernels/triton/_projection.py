@@ -15,7 +15,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 # The GEMM path's dot operands are upcast under Triton's interpreter (see _interpreter.py).
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")

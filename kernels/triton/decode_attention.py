@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "cache_attention"
 
@@ -214,7 +214,7 @@ def _decode_reduce_kernel(
 def _compute_units(target: Any) -> int:
     """SMs/CUs of the smallest shipped chip of `target`'s arch (vendor figures, so a plan is the same
     wherever it is made); 132 (H100/H200) where no profile names the arch."""
-    from polymorph import hw
+    from polymorph.hardware import profile as hw
 
     counts = []
     for pid in hw.list_profiles():
@@ -369,7 +369,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
     q_t, kc_t, _, table_t, pos_t = (spec.types[v] for v in node.inputs)

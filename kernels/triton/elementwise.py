@@ -23,7 +23,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = ("silu", "gelu", "mul", "add", "softmax", "argmax", "cast")
 
@@ -239,7 +239,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
     attrs = spec.attrs()

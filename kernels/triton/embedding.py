@@ -17,7 +17,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "embedding"
 
@@ -81,7 +81,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     table, ids = (spec.types[v] for v in spec.single.inputs)
     consts = _consts(spec, config)

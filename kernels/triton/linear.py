@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "linear"
 
@@ -85,7 +85,7 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _to = _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
 # (this file's GEMV splits K, so that tile is its own; its GEMM orders the tiles in groups along M).
-_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 _gemm_tile = _p.gemm_tile  # the tl.dot K loop; the grouped tile order around it is this file's
 
@@ -287,7 +287,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     n, k, has_bias = _shape(spec)
     node = spec.single

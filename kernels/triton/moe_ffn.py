@@ -499,7 +499,7 @@ def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     """The kernels the launch runs for the spec's token count (every path the config can take when
     T is symbolic: no kernel takes T as a constexpr, so the same units serve every T on a path)."""
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     s = _shapes(spec)
     ptr = {name: "*" + _TRITON_DTYPE[s[name]] for name in ("x", "rw", "idx", "w")}

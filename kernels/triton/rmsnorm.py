@@ -19,7 +19,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm"
 
@@ -100,7 +100,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     consts = _consts(spec, config)
     ptr = "*" + _FLOATS[str(spec.types[spec.single.inputs[0]].dtype)]

@@ -30,13 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm+linear"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, final norm + lm_head 128256 x 2048): 8 rows x 1024 of K with 4 warps
@@ -216,7 +216,7 @@ def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     norm, _ = _parts(spec)
     k = spec.types[norm.inputs[1]].shape[0]

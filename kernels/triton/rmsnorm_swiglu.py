@@ -31,13 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "rmsnorm+linear+silu*mul"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "fd3f85446776ff56694597b5d7c388f98e0e1f0b32ce7166932f41ac47fa9c65")
+_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, F=8192, K=2048, 64 MB of weights): 8 interleaved rows (4 features) x
@@ -174,7 +174,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     norm, gate, _ = _parts(spec)
     f, k = spec.types[gate.inputs[1]].shape

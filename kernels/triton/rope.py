@@ -1,6 +1,6 @@
 """rope: x[B, S, H, Dh], positions[B, S] (i32) -> the rotary embedding in the rotate-half (neox)
 layout: out[..., i] = x_i cos - x_{i+Dh/2} sin, out[..., i+Dh/2] = x_{i+Dh/2} cos + x_i sin, with angle
-pos * inv_freq[i] and inv_freq from `polymorph.reference.rope_inv_freq` (llama3 scaling included),
+pos * inv_freq[i] and inv_freq from `polymorph.ir.reference.rope_inv_freq` (llama3 scaling included),
 computed at build time and copied to the device at the first launch on it (before graph capture).
 
 A program rotates block_h heads of one token: both halves of each pair in registers, cos and sin
@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
-from polymorph.reference import rope_inv_freq
+from polymorph.ir.reference import rope_inv_freq
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "rope"
 
@@ -105,7 +105,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     consts = _consts(spec, config)
     ptr = "*" + _FLOATS[str(spec.types[spec.single.inputs[0]].dtype)]

@@ -18,7 +18,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from polymorph.kernel_files import depend
+from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "silu*mul"
 
@@ -91,7 +91,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 
 
 def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
-    from polymorph.kernel_files import CompileUnit
+    from polymorph.pipeline.kernel_files import CompileUnit
 
     gate, _, _, out = _parts(spec)
     ptr = "*" + _FLOATS[str(spec.types[gate].dtype)]

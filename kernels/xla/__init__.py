@@ -1,6 +1,6 @@
 """Kernel files for the neuron backend (AWS Trainium2 through XLA): pure JAX functions.
 
-The same kernel-file contract as every family (IMPLEMENTS, CONFIGS, supports(spec), build(spec,
+The same kernel-file contract as every kernel language (IMPLEMENTS, CONFIGS, supports(spec), build(spec,
 config, target)), with one difference in what `build` returns, because JAX is functional:
 
     launch(*inputs) -> tuple(outputs)
@@ -16,6 +16,6 @@ rejects all three in the HLO), and weights always arrive as inputs, so they stay
 
 The spec a launch is built for is concrete: the runtime specializes the graph to each step's
 shapes first (XLA needs static shapes; each shape is its own compiled module, as each Neuron bucket
-is its own NEFF). Numerics follow polymorph.reference: compute in float32, round once to the
+is its own NEFF). Numerics follow polymorph.ir.reference: compute in float32, round once to the
 output dtype; matmuls keep their stored operand dtype and accumulate in float32.
 """

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import dtypes
 
-from polymorph.reference import rope_inv_freq
+from polymorph.ir.reference import rope_inv_freq
 
 IMPLEMENTS = "rope"
 CONFIGS = [{}]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from polymorph.ir.shapes import concrete
-from polymorph.kvcache import PagedKVCache
+from polymorph.serving.kvcache import PagedKVCache
 
 DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
 
@@ -128,9 +128,8 @@ def reference_outputs(
     group: GroupInfo, weights: Any, wide: Any, inputs: list[np.ndarray | None], bindings: dict[str, int]
 ) -> list[np.ndarray]:
     """The numpy reference's outputs of `group` on `inputs` (weights as the reference holds them)."""
-    from polymorph import reference
+    from polymorph.ir import reference
 
-    # Weights are only read (no op writes a weight); the rest copied, since a cache write updates its
     # input in place.
     env = {v: weights[v] if a is None else a.copy() for v, a in zip(group.inputs, inputs, strict=True)}
     by_name = {n.name: n for n in group.graph.nodes}

@@ -8,7 +8,7 @@
 Trust is split by process. Candidate code runs only in workers: forks of a zygote that loaded the
 model inside the sandbox (`pool`, `sandbox`), reached through a socketpair and shared memory
 (`wire`, `link`, `arena`), never holding what measures or judges them. This process holds the
-reference engine (`polymorph.session.ReferenceExecutable`), draws every input, takes every time with
+reference engine (`polymorph.serving.session.ReferenceExecutable`), draws every input, takes every time with
 its own clock (`timing`), freezes the worker's tree when an answer comes, reads and compares the
 outputs (`gates`, `polymorph.verify.numerics`), and retires the worker a candidate ran in. The stock
 kernel's runs and the stock plan's logits, which set the gates' bars, come from a fork no candidate
@@ -47,12 +47,12 @@ from polymorph.engine.timing import time_group
 from polymorph.engine.verdict import Fault
 from polymorph.engine.wire import CandidateRaised, EngineError, WorkerLost
 from polymorph.errors import UserError
-from polymorph.hw import Profile
+from polymorph.hardware.profile import Profile
 from polymorph.ir.dtypes import DType
 from polymorph.ir.shapes import concrete, numel
-from polymorph.session import ReferenceExecutable
-from polymorph.tolerance import Tolerance, model_tolerance
+from polymorph.serving.session import ReferenceExecutable
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside, reference_scenario
+from polymorph.verify.tolerance import Tolerance, model_tolerance
 
 
 @dataclass(frozen=True)
@@ -521,7 +521,7 @@ class Controller:
             "block_size": block_size,
         }
         if traffic is not None:  # the worker cannot read the user's traffic file: its bucket, resolved here
-            from polymorph.traffic import pick_bucket
+            from polymorph.serving.traffic import pick_bucket
 
             bucket = pick_bucket(batch, ctx, traffic)
             self.load_args.update(batch=bucket.batch, ctx=bucket.ctx, traffic=None)
@@ -618,7 +618,7 @@ class Controller:
 
     def gate_profile(self) -> Profile:
         if self.profile is None:
-            from polymorph.hw import load_profile
+            from polymorph.hardware.profile import load_profile
             from polymorph.knobs import knobs
 
             self.profile = load_profile(self.loaded["profile"], knobs.calibration_dir)

@@ -71,8 +71,8 @@ from polymorph.engine.verdict import Fault
 from polymorph.engine.wire import CandidateRaised, WorkerLost
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
-from polymorph.tolerance import compare, model_tolerance, op_tolerance
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside
+from polymorph.verify.tolerance import compare, model_tolerance, op_tolerance
 
 if TYPE_CHECKING:
     from polymorph.engine.controller import Controller
@@ -566,9 +566,9 @@ class _Run:
         return [checked, roofline]
 
     def _roofline(self, median_s: float, bindings: dict[str, int]) -> Gate:
-        from polymorph.hw import roofline_seconds
-        from polymorph.plan import KernelChoice, PlanGroup
-        from polymorph.predict import group_cost
+        from polymorph.cost.model import group_cost
+        from polymorph.hardware.profile import roofline_seconds
+        from polymorph.pipeline.plan import KernelChoice, PlanGroup
 
         info = self.info
         plan_group = PlanGroup(

@@ -61,9 +61,9 @@ class WorkerPool:
 
     def publish(self, model: Any, load_args: dict[str, Any]) -> None:
         """Write `model`'s graph and weights where the workers read them; start and load the zygote."""
-        from polymorph.backend import Feature, registry
         from polymorph.engine.worker import require_engine
         from polymorph.ir import serialize
+        from polymorph.pipeline.backend import Feature, registry
 
         backend = load_args.get("backend") or "cpu"
         require_engine(backend)
@@ -252,7 +252,7 @@ class WorkerPool:
         workers can read it: `model/candidates/<sha256>.py`. The worker loads the copy, never the
         user's file."""
         from polymorph.errors import UserError
-        from polymorph.kernel_files import pinned_sources, source_hash
+        from polymorph.pipeline.kernel_files import pinned_sources, source_hash
 
         src = Path(path)
         try:

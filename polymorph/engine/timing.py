@@ -90,7 +90,7 @@ def time_group(
 ) -> Timing:
     """Time `group` (its stock kernel with `stock`) at the loaded bucket's decode step, at its longest
     context. `allowed`: the error a checked call may have (default: four times the op tolerance)."""
-    from polymorph.tolerance import op_tolerance
+    from polymorph.verify.tolerance import op_tolerance
 
     loaded = engine.loaded
     batch = int(loaded["bucket"]["batch"])

@@ -32,15 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from polymorph.backend import Artifact, Executable, registry
 from polymorph.engine import protocol
 from polymorph.engine.arena import Arena
 from polymorph.errors import UserError
-from polymorph.kernel_files import KernelSpec, Launch, load_choice, load_kernel
-from polymorph.kvcache import GUARD_BLOCK, PagedKVCache
-from polymorph.lowering import kernel_spec
-from polymorph.plan import PlanGroup
-from polymorph.target import Target
+from polymorph.hardware.target import Target
+from polymorph.pipeline.backend import Artifact, Executable, registry
+from polymorph.pipeline.kernel_files import KernelSpec, Launch, load_choice, load_kernel
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.pipeline.plan import PlanGroup
+from polymorph.serving.kvcache import GUARD_BLOCK, PagedKVCache
 
 # The verify scenarios the controller sends (up to VERIFY_SEQS sequences, the longest reaching the
 # bucket's context) must fit the cache allocated at load: it is never reallocated for them.
@@ -562,7 +562,7 @@ CANARY_N = 64  # the canary's matrix: (i % 7) - 3 over CANARY_N x CANARY_N, exac
 
 def require_engine(backend: str) -> None:
     """UserError unless `backend` declares the engine's runtime contract (Feature.ENGINE)."""
-    from polymorph.backend import Feature
+    from polymorph.pipeline.backend import Feature
 
     if Feature.ENGINE not in registry.get(backend).features:
         raise UserError(

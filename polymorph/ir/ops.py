@@ -1,7 +1,7 @@
 """The op table: the closed set of ops every backend implements.
 
 Each op declares its attributes, its shape/dtype inference, and its cost (FLOPs and bytes moved) at
-concrete shapes. Each has exactly one definition in `polymorph.reference`. Adding an op is a reviewed
+concrete shapes. Each has exactly one definition in `polymorph.ir.reference`. Adding an op is a reviewed
 event: it touches this table, the reference, the conformance table and every backend's kernels.
 
 Layout conventions (the builders and every kernel follow them):

@@ -6,7 +6,7 @@ and Qwen3-MoE ("qwen3_moe"). Both forms that transformers writes are read: the t
 and `num_local_experts` for Qwen3-MoE). `ModelConfig.to_hf` writes the transformers-4 form, which
 transformers 4 and 5 both read, and which `ModelConfig.from_hf` reads back to an equal config.
 
-Keys that are absent take the default of the transformers config class of that family, so that a
+Keys that are absent take the default of the transformers config class of that model type, so that a
 checkpoint gives the same model here as in transformers; the sizes that have no sensible default
 (vocabulary, widths, depth, heads, experts) are required.
 """
@@ -23,11 +23,11 @@ import numpy as np
 
 from polymorph.errors import UserError
 
-Family = Literal["llama", "mixtral", "qwen3_moe"]
+ModelType = Literal["llama", "mixtral", "qwen3_moe"]
 RopeType = Literal["default", "llama3"]
 RouterStyle = Literal["topk_softmax", "softmax_topk"]
 
-FAMILIES: tuple[Family, ...] = ("llama", "mixtral", "qwen3_moe")
+MODEL_TYPES: tuple[ModelType, ...] = ("llama", "mixtral", "qwen3_moe")
 ROPE_TYPES: tuple[RopeType, ...] = ("default", "llama3")
 
 # Defaults of the transformers config classes for keys a config.json may leave out.
@@ -73,7 +73,7 @@ class RopeConfig:
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """Inverse frequencies, float64 of shape [head_dim // 2], as transformers computes them."""
         from polymorph.ir.ops import OPS, normalize_attrs
-        from polymorph.reference import rope_inv_freq
+        from polymorph.ir.reference import rope_inv_freq
 
         return rope_inv_freq(head_dim, normalize_attrs(OPS["rope"], self.op_attrs()), np.float64)
 
@@ -92,7 +92,7 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """One decoder-only model's shape and numerics, family-independent where the families agree.
+    """One decoder-only model's shape and numerics, independent of the model type where the types agree.
 
     MoE fields (`num_experts`, `num_experts_per_tok`, `router`) are None for llama;
     `moe_intermediate_size` is set for qwen3_moe only (Mixtral's experts use `intermediate_size`, see
@@ -102,7 +102,7 @@ class ModelConfig:
     `norm_topk_prob`. (Mixtral's form equals "softmax_topk" with renormalization.)
     """
 
-    family: Family
+    model_type: ModelType
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -125,17 +125,17 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        return self.family != "llama"
+        return self.model_type != "llama"
 
     @property
     def qk_norm(self) -> bool:
         """Whether attention applies an RMSNorm over head_dim to q and k (always on for Qwen3)."""
-        return self.family == "qwen3_moe"
+        return self.model_type == "qwen3_moe"
 
     @property
     def expert_intermediate_size(self) -> int | None:
         """The hidden width of one expert's MLP; None for dense models."""
-        if self.family == "mixtral":
+        if self.model_type == "mixtral":
             return self.intermediate_size
         return self.moe_intermediate_size
 
@@ -151,12 +151,12 @@ class ModelConfig:
             raise UserError(f"{source}: a model config must be a JSON object, got {type(d).__name__}")
         r = _Reader(d, source)
         model_type = r.str_("model_type")
-        if model_type not in FAMILIES:
+        if model_type not in MODEL_TYPES:
             raise UserError(
-                f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
+                f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
             )
-        family: Family = model_type  # type: ignore[assignment]
-        defaults = _DEFAULTS[family]
+        kind: ModelType = model_type  # type: ignore[assignment]
+        defaults = _DEFAULTS[kind]
 
         hidden_act = r.str_("hidden_act", "silu")
         if hidden_act != "silu":
@@ -179,7 +179,7 @@ class ModelConfig:
             )
 
         fields: dict[str, Any] = {
-            "family": family,
+            "model_type": kind,
             "vocab_size": r.int_("vocab_size"),
             "hidden_size": hidden,
             "intermediate_size": r.int_("intermediate_size"),
@@ -191,12 +191,12 @@ class ModelConfig:
             "max_position_embeddings": r.int_("max_position_embeddings", defaults["max_position_embeddings"]),
             "rope": _parse_rope(d, source, defaults["rope_theta"]),
             "tie_word_embeddings": r.bool_("tie_word_embeddings", False),
-            "attention_bias": r.bool_("attention_bias", False) if family != "mixtral" else False,
-            "mlp_bias": r.bool_("mlp_bias", False) if family == "llama" else False,
+            "attention_bias": r.bool_("attention_bias", False) if kind != "mixtral" else False,
+            "mlp_bias": r.bool_("mlp_bias", False) if kind == "llama" else False,
             "dtype": _parse_dtype(r),
         }
 
-        if family == "mixtral":
+        if kind == "mixtral":
             sliding = d.get("sliding_window")
             if sliding is not None:
                 raise UserError(
@@ -209,7 +209,7 @@ class ModelConfig:
                 router="topk_softmax",
                 norm_topk_prob=True,
             )
-        elif family == "qwen3_moe":
+        elif kind == "qwen3_moe":
             if r.bool_("use_sliding_window", False):
                 raise UserError(
                     f"{source}: use_sliding_window=true is not supported; set it to false (full attention)"
@@ -238,8 +238,8 @@ class ModelConfig:
     def to_hf(self) -> dict[str, Any]:
         """The transformers-4 form of this config; `from_hf(to_hf())` gives an equal config."""
         d: dict[str, Any] = {
-            "architectures": [_ARCHITECTURES[self.family]],
-            "model_type": self.family,
+            "architectures": [_ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -254,17 +254,17 @@ class ModelConfig:
             "rope_scaling": self.rope.to_hf_scaling(),
             "tie_word_embeddings": self.tie_word_embeddings,
         }
-        if self.family != "mixtral":
+        if self.model_type != "mixtral":
             d["attention_bias"] = self.attention_bias
-        if self.family == "llama":
+        if self.model_type == "llama":
             d["mlp_bias"] = self.mlp_bias
-        if self.family == "mixtral":
+        if self.model_type == "mixtral":
             d.update(
                 num_local_experts=self.num_experts,
                 num_experts_per_tok=self.num_experts_per_tok,
                 sliding_window=None,
             )
-        elif self.family == "qwen3_moe":
+        elif self.model_type == "qwen3_moe":
             d.update(
                 num_experts=self.num_experts,
                 num_experts_per_tok=self.num_experts_per_tok,

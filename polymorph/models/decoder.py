@@ -24,7 +24,7 @@ def expert_param_names(prefix: str) -> tuple[str, str, str]:
 
 
 def moe_prefix(cfg: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe" if cfg.family == "mixtral" else "mlp"
+    block = "block_sparse_moe" if cfg.model_type == "mixtral" else "mlp"
     return f"model.layers.{layer}.{block}"
 
 
@@ -47,7 +47,7 @@ def build_decoder(
     g = GraphBuilder(
         name,
         meta={
-            "family": cfg.family,
+            "model_type": cfg.model_type,
             "dtype": dtype.value,
             "block_size": block_size,
             "layers": layers,
@@ -82,7 +82,7 @@ def build_decoder(
         q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))  # [B, S, H, Dh]
         k = g.op("reshape", f"{n}.attn.k_heads", k, shape=("batch", "seq", nkv, hd))
         v = g.op("reshape", f"{n}.attn.v_heads", v, shape=("batch", "seq", nkv, hd))
-        if cfg.family == "qwen3_moe":  # per-head RMSNorm of q and k before rope
+        if cfg.model_type == "qwen3_moe":  # per-head RMSNorm of q and k before rope
             q = g.op(
                 "rmsnorm",
                 f"{n}.attn.q_norm",
@@ -117,7 +117,7 @@ def build_decoder(
             g.param(f"{p}.post_attention_layernorm.weight", dtype, (d,)),
             eps=eps,
         )
-        if cfg.family == "llama":
+        if cfg.model_type == "llama":
             f, mb = cfg.intermediate_size, cfg.mlp_bias
             gate = linear(f"{n}.mlp.gate", h, f"{p}.mlp.gate_proj", f, d, mb)
             up = linear(f"{n}.mlp.up", h, f"{p}.mlp.up_proj", f, d, mb)
@@ -126,7 +126,7 @@ def build_decoder(
         else:
             mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
             logits = linear(f"{n}.moe.router", h, f"{mp}.gate", e, d, False)  # [B, S, E]
-            mode = "topk_softmax" if cfg.family == "mixtral" else "softmax_topk"
+            mode = "topk_softmax" if cfg.model_type == "mixtral" else "softmax_topk"
             w, idx = g.op(
                 "topk_router",
                 f"{n}.moe.topk",

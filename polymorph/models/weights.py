@@ -22,7 +22,7 @@ from polymorph.errors import UserError
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.shapes import concrete
 
-# Hub names of the three expert projections, per family: (gate, up, down).
+# Hub names of the three expert projections, per model type: (gate, up, down).
 _EXPERT_NAMES = {
     "block_sparse_moe": ("w1", "w3", "w2"),  # Mixtral
     "mlp": ("gate_proj", "up_proj", "down_proj"),  # Qwen3-MoE

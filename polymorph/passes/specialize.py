@@ -5,7 +5,7 @@ it per shape bucket, and a kernel's registry key holds concrete dims. `specializ
 in the leaf types and in every attribute that holds dims (the `shape` of a reshape); symbols that
 the bindings leave out stay symbolic, so a graph may be specialized in steps.
 
-`bucket_bindings` derives the decoder graph's symbols from a traffic bucket (polymorph/traffic.py):
+`bucket_bindings` derives the decoder graph's symbols from a traffic bucket (polymorph/serving/traffic.py):
 a batch of `batch` sequences whose longest context is `ctx` tokens, `seq` of them new in this step.
 """
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import source_hash
+from polymorph.pipeline.kernel_files import source_hash
 
 BUSY_TIMEOUT_S = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
@@ -295,8 +295,8 @@ class Board:
         its id. With `source` it is a kernel file (and `config` one of its configs, default {}: the
         file's first); without, a config for the group's current kernel. A candidate already on the
         board (same source hash, config, group, backend, target) is not posted again: its id returns."""
-        from polymorph.backend import registry
-        from polymorph.hw import list_profiles
+        from polymorph.hardware.profile import list_profiles
+        from polymorph.pipeline.backend import registry
 
         group = _name(group, "the node group id")
         if backend not in registry.names():

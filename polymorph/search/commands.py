@@ -1,6 +1,6 @@
 """`polymorph board ...` and `polymorph registry ...`: the search loop's stores from the command line.
 
-`add_commands(subparsers)` adds both commands to the CLI's subparsers (polymorph/cli.py); each action
+`add_commands(subparsers)` adds both commands to the CLI's subparsers (polymorph/cli/command.py); each action
 sets `fn`, a handler that takes the parsed arguments and returns the exit code (0 done; a rejected or
 unfinished candidate raises CheckFailed, exit 1; bad input raises UserError, exit 2).
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polymorph import console
+from polymorph.cli import console
 from polymorph.errors import CheckFailed, UserError
 from polymorph.search.board import Board, Candidate, Result
 from polymorph.search.registry import Registry

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import pinned_sources, store_source
+from polymorph.pipeline.kernel_files import pinned_sources, store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal
 
 CONTRACT = (

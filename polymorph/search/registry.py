@@ -29,11 +29,11 @@ from typing import Any
 
 from polymorph.errors import UserError
 from polymorph.ir.graph import TensorType
-from polymorph.kernel_files import pinned_closure
-from polymorph.plan import Plan
+from polymorph.pipeline.kernel_files import pinned_closure
+from polymorph.pipeline.plan import Plan
 from polymorph.search.board import SqliteFile, as_source_text, canonical_json
-from polymorph.tolerance import Tolerance
-from polymorph.traffic import Bucket, TrafficShape
+from polymorph.serving.traffic import Bucket, TrafficShape
+from polymorph.verify.tolerance import Tolerance
 
 BUNDLE_FORMAT = "polymorph-registry-bundle"
 BUNDLE_SCHEMA_VERSION = 1
@@ -92,7 +92,7 @@ class ChampionKey:
     toolchain: str
 
     def __post_init__(self) -> None:
-        from polymorph.hw import list_profiles
+        from polymorph.hardware.profile import list_profiles
 
         for name in ("op_signature", "bucket", "profile", "toolchain"):
             value = getattr(self, name)

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polymorph.kernel_files import kernel_library, kernels_root, load_choice
-from polymorph.lowering import kernel_spec
+from polymorph.hardware.target import Target
 from polymorph.passes import specialize
-from polymorph.plan import Plan
+from polymorph.pipeline.kernel_files import kernel_library, kernels_root, load_choice
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.pipeline.plan import Plan
 from polymorph.search.agents import GroupSpace
 from polymorph.search.registry import group_signatures
-from polymorph.target import Target
-from polymorph.traffic import Bucket, TrafficShape
+from polymorph.serving.traffic import Bucket, TrafficShape
 
 TOOLCHAIN_PACKAGES = {"cpu": ("torch",), "cuda": ("torch", "triton"), "rocm": ("torch", "triton"),
                       "neuron": ("jax", "neuronx-cc")}  # fmt: skip
@@ -51,14 +51,14 @@ class PlanSpaces:
     fixed: list[str]  # signatures with nothing to choose (one config, no other file)
 
 
-def group_spaces(plan: Plan, family: str, predicted: dict[str, float]) -> PlanSpaces:
+def group_spaces(plan: Plan, language: str, predicted: dict[str, float]) -> PlanSpaces:
     """The search spaces of `plan`, one per op signature, ordered by their share of the step
     (`predicted`: group id -> predicted or measured seconds, or bytes where there is no time)."""
     graph = specialize(plan.graph, plan.bindings)
     types = graph.types()
     signatures = group_signatures(plan)
     target = Target.parse(plan.target)
-    library = kernel_library(family)
+    library = kernel_library(language)
     total = sum(predicted.values()) or 1.0
     by_sig: dict[str, GroupSpace] = {}
     signature_of: dict[str, str] = {}

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from polymorph.cli.outdir import claim_out
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
-from polymorph.kernel_files import pinned_sources, store_source
-from polymorph.outdir import claim_out
+from polymorph.pipeline.kernel_files import pinned_sources, store_source
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board, Result
 from polymorph.search.lifetime import dead_run_worker, die_with_parent, worker_name
@@ -256,8 +256,8 @@ def gate_cause(gate: Any) -> str:
 def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = None) -> TuneReport:
     """Run the loop; write OUT/plan.json (the tuned plan of the heaviest bucket, usable by
     `polymorph run OUT`), OUT/<bucket>/ for the others, and OUT/tune-report.json."""
-    from polymorph.backend import registry as backends
-    from polymorph.hw import load_profile
+    from polymorph.hardware.profile import load_profile
+    from polymorph.pipeline.backend import registry as backends
 
     if opts.workers < 1:
         raise UserError("--workers must be at least 1")
@@ -275,7 +275,7 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
     claim_out(opts.out, "tune", force=opts.force)  # a previous tune's folder: this run resumes from it
     if opts.wait_for_posts:
-        from polymorph import console
+        from polymorph.cli import console
 
         console.line(
             f"agents take part with: polymorph board post --board {opts.board or opts.out / 'board.sqlite'} "
@@ -304,11 +304,11 @@ RELATED_WARM_STARTS = 2  # champions of other chips, toolchains or buckets poste
 
 
 def kin_profiles(backend: Any) -> list[str]:
-    """The chips whose kernels `backend` can build: those of every backend of its kernel family (cuda
+    """The chips whose kernels `backend` can build: those of every backend of its kernel language (cuda
     and rocm share the Triton library)."""
-    from polymorph.backend import registry as backends
+    from polymorph.pipeline.backend import registry as backends
 
-    return [t for name in backends.names() if backends.get(name).family == backend.family
+    return [t for name in backends.names() if backends.get(name).language == backend.language
             for t in backends.get(name).targets]  # fmt: skip
 
 
@@ -427,7 +427,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     model = load_model(opts.model, **({"dtype": opts.dtype} if opts.dtype else {}))
     artifact = api.compile(model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
     plan = artifact.plan
-    spaces = group_spaces(plan, backend.family, predicted_times(artifact.report))
+    spaces = group_spaces(plan, backend.language, predicted_times(artifact.report))
     bucket_key = shape_bucket(bucket)
     result = BucketResult(bucket_key, bucket.weight)
     by_sig = {s.signature: SignatureResult(s.signature, list(s.groups), s.share) for s in spaces.spaces}
@@ -581,7 +581,7 @@ def _external_agents(opts: TuneOptions, spaces: list[GroupSpace], by_sig: dict, 
                      profile: str) -> list[Any]:  # fmt: skip
     """The external agents the options name, each told the chip's figures and each space's measured
     stock time and roofline floor as the run learns them."""
-    from polymorph.hw import load_profile
+    from polymorph.hardware.profile import load_profile
     from polymorph.search.external import CommandAgent, EndpointAgent
 
     prof = load_profile(profile)
@@ -659,7 +659,7 @@ def _demote_if_failed(reg: Registry, result: BucketResult, warm: Mapping[int, tu
 def _offer(reg: Registry, result: BucketResult, spaces: list[GroupSpace], run: _Run, bucket_key: str,
            profile: str, tc: str, plan: Any) -> None:  # fmt: skip
     from polymorph.ir.dtypes import DType
-    from polymorph.tolerance import model_tolerance
+    from polymorph.verify.tolerance import model_tolerance
 
     tol = model_tolerance(DType.parse(plan.graph.meta.get("dtype", "f32")))
     for sig in result.signatures:
@@ -739,8 +739,8 @@ def _slow(engine: Any, trials: int) -> dict[str, Any]:
 
 def _write_plan(backend: Any, plan: Any, spaces: list[GroupSpace], by_sig: dict, out_dir: Path) -> Path:
     """The tuned plan: each chosen champion in every group of its signature; compiled into out_dir."""
-    from polymorph.kernel_files import load_kernel
-    from polymorph.plan import KernelChoice
+    from polymorph.pipeline.kernel_files import load_kernel
+    from polymorph.pipeline.plan import KernelChoice
 
     choice: dict[str, KernelChoice] = {}
     for space in spaces:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from polymorph import console
+from polymorph.cli import console
 from polymorph.search.tune import TuneReport
 
 

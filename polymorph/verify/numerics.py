@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polymorph.backend import Executable
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
-from polymorph.session import Session
-from polymorph.tolerance import Comparison, Tolerance, compare, model_tolerance, no_worse
+from polymorph.pipeline.backend import Executable
+from polymorph.serving.session import Session
+from polymorph.verify.tolerance import Comparison, Tolerance, compare, model_tolerance, no_worse
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from polymorph import api
-from polymorph.backend import registry
 from polymorph.models import load_model
-from polymorph.session import ReferenceExecutable, Sampler, generate
+from polymorph.pipeline.backend import registry
+from polymorph.serving.session import ReferenceExecutable, Sampler, generate
 
 
 @pytest.mark.parametrize("backend", registry.names())

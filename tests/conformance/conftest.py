@@ -3,8 +3,8 @@ row), plus the fused patterns a backend opts into.
 
 An entry says how to build a small graph around its op (leaves as graph inputs and params, symbolic
 dims where the op allows them), how to draw fresh random sample inputs for it, and which dtypes it is
-checked in. The tests in this folder run every entry × dtype × backend against `polymorph.reference`
-with `polymorph.tolerance.op_tolerance` of each output's dtype.
+checked in. The tests in this folder run every entry × dtype × backend against `polymorph.ir.reference`
+with `polymorph.verify.tolerance.op_tolerance` of each output's dtype.
 
 Known bugs are part of the table, as OpInfo's `skips`: an entry lists the (test, dtype, backend) cases
 a bug in non-test code breaks, and those run as strict xfails that expect the bug's exception. When the
@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from polymorph.backend import registry
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
+from polymorph.pipeline.backend import registry
 
 F32, BF16, F16, I32, I64 = DType.F32, DType.BF16, DType.F16, DType.I32, DType.I64
 F8E4M3, F8E5M2 = DType.F8E4M3, DType.F8E5M2

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from polymorph import reference
-from polymorph.backend import Backend, Executable, registry
 from polymorph.errors import UserError
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
+from polymorph.ir import reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.ir.ops import OPS
 from polymorph.ir.shapes import concrete
-from polymorph.kernel_files import load_choice
-from polymorph.plan import Plan
-from polymorph.tolerance import Tolerance, compare, op_tolerance
+from polymorph.pipeline.backend import Backend, Executable, registry
+from polymorph.pipeline.kernel_files import load_choice
+from polymorph.pipeline.plan import Plan
+from polymorph.verify.tolerance import Tolerance, compare, op_tolerance
 
 if TYPE_CHECKING:  # conftest.py is not importable under --import-mode=importlib; types only
     from conftest import OpInfo, Sample

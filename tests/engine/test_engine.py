@@ -17,7 +17,7 @@ import pytest
 from polymorph.engine import protocol
 from polymorph.engine.controller import Controller, start_detached
 from polymorph.engine.worker import Worker
-from polymorph.kernel_files import kernels_root
+from polymorph.pipeline.kernel_files import kernels_root
 
 GROUP = "layers.0.mlp.down+residual"
 OTHER = "layers.1.attn.o+residual"

@@ -15,11 +15,11 @@ from polymorph.backends.cpu.microbench import write_calibration
 from polymorph.engine import gates
 from polymorph.engine.controller import Controller
 from polymorph.engine.worker import Worker
-from polymorph.hw import load_profile
-from polymorph.kernel_files import kernels_root
-from polymorph.microbench import Measurement
+from polymorph.hardware.microbench import Measurement
+from polymorph.hardware.profile import load_profile
+from polymorph.ir.reference import run as reference_run
 from polymorph.models import load_model
-from polymorph.reference import run as reference_run
+from polymorph.pipeline.kernel_files import kernels_root
 
 GROUP = "layers.0.mlp.down+residual"
 
@@ -307,7 +307,7 @@ def test_verify_continues_a_cache_only_after_a_verify() -> None:
     nxt = {"seqs": [0], "tokens": np.array([[4]], dtype=np.int32)}
     then = worker.handle({"id": 4, "op": "verify", "steps": [nxt], "fresh": False})["result"]
     # The same four tokens through the reference in one prompt: the continued step saw the first three.
-    from polymorph.kvcache import PagedKVCache
+    from polymorph.serving.kvcache import PagedKVCache
 
     cache = PagedKVCache(16, 3, 1)
     table = (cache.reserve(0, 4), cache.block_table([0]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from polymorph.engine.controller import Controller
-from polymorph.kernel_files import kernels_root
+from polymorph.pipeline.kernel_files import kernels_root
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.slow

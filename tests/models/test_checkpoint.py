@@ -219,7 +219,7 @@ def test_load_moe_transformers_checkpoint(tmp_path: Path, family: str) -> None:
     model = _hf_model(transformers, family)
     model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="50KB")
     weights = load_checkpoint(tmp_path)
-    assert load_config(tmp_path).family == family
+    assert load_config(tmp_path).model_type == family
     if family == "mixtral":
         prefix, names, router = (
             "model.layers.0.block_sparse_moe.experts.",

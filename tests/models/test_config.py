@@ -89,7 +89,7 @@ def test_llama3_from_transformers(tmp_path: Path, tied: bool) -> None:
     path, written = _save(tmp_path, hf)
     cfg = load_config(tmp_path)
     assert cfg == load_config(path)
-    assert cfg.family == "llama" and not cfg.is_moe and not cfg.qk_norm
+    assert cfg.model_type == "llama" and not cfg.is_moe and not cfg.qk_norm
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size) == (128, 32, 64)
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (
         2,
@@ -126,7 +126,7 @@ def test_mixtral_from_transformers(tmp_path: Path) -> None:
     hf = transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6)
     _, written = _save(tmp_path, hf)
     cfg = load_config(tmp_path)
-    assert cfg.family == "mixtral" and cfg.is_moe and not cfg.qk_norm
+    assert cfg.model_type == "mixtral" and cfg.is_moe and not cfg.qk_norm
     assert (cfg.num_experts, cfg.num_experts_per_tok) == (4, 2)
     assert cfg.expert_intermediate_size == 64 and cfg.moe_intermediate_size is None
     assert cfg.router == "topk_softmax" and cfg.head_dim == 8
@@ -149,7 +149,7 @@ def test_qwen3_moe_from_transformers(tmp_path: Path, norm_topk_prob: bool) -> No
     )
     _, written = _save(tmp_path, hf)
     cfg = load_config(tmp_path)
-    assert cfg.family == "qwen3_moe" and cfg.is_moe and cfg.qk_norm
+    assert cfg.model_type == "qwen3_moe" and cfg.is_moe and cfg.qk_norm
     assert cfg.head_dim == 16 and cfg.hidden_size == 32
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (4, 2, 16)
     assert cfg.expert_intermediate_size == 16

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from polymorph.api import compile as compile_model
-from polymorph.backend import registry
 from polymorph.ir.dtypes import DType
 from polymorph.models import load_model
-from polymorph.session import ReferenceExecutable, Session
-from polymorph.tolerance import compare, model_tolerance
+from polymorph.pipeline.backend import registry
+from polymorph.serving.session import ReferenceExecutable, Session
+from polymorph.verify.tolerance import compare, model_tolerance
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

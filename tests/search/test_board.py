@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import source_hash
+from polymorph.pipeline.kernel_files import source_hash
 from polymorph.search.board import WORKER_LOST, Board
 
 KERNEL = "IMPLEMENTS = 'rmsnorm'\nCONFIGS = [{'block': 128}]\n"

@@ -1,6 +1,6 @@
 """`polymorph board ...` and `polymorph registry ...` through the CLI's own parser class, with real files.
 
-polymorph/cli.py does not add these commands yet (the lead wires `add_commands` in); the parser here
+polymorph/cli/command.py does not add these commands yet (the lead wires `add_commands` in); the parser here
 is built the way cli.build_parser builds its own, and errors map to exit codes the way cli.main does.
 """
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import cli
+from polymorph.cli import command as cli
 from polymorph.errors import CheckFailed, UserError
 from polymorph.knobs import knobs
 from polymorph.search.board import Board
 from polymorph.search.commands import add_commands
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry
-from polymorph.tolerance import Tolerance
+from polymorph.verify.tolerance import Tolerance
 
 KERNEL = "IMPLEMENTS = 'rmsnorm'\nCONFIGS = [{'block': 128}]\n"
 GROUP = "layers.0.attn.norm"

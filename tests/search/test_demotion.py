@@ -21,7 +21,7 @@ from polymorph.search.registry import (
 )
 from polymorph.search.space import group_spaces, predicted_times, toolchain
 from polymorph.search.tune import TuneOptions, tune
-from polymorph.tolerance import Tolerance
+from polymorph.verify.tolerance import Tolerance
 
 # Appended to a stock kernel: it runs, then adds 1 to every output (wrong numbers, plausible speed).
 WRONG = """

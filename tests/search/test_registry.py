@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from polymorph.backend import registry as backends
 from polymorph.errors import UserError
-from polymorph.hw import load_profile
-from polymorph.kernel_files import source_hash
+from polymorph.hardware.profile import load_profile
 from polymorph.models import load_model
 from polymorph.passes import bucket_bindings
+from polymorph.pipeline.backend import registry as backends
+from polymorph.pipeline.kernel_files import source_hash
 from polymorph.search.board import Board
 from polymorph.search.registry import (
     BUNDLE_SCHEMA_VERSION,
@@ -27,8 +27,8 @@ from polymorph.search.registry import (
     shape_bucket,
     shape_bucket_at,
 )
-from polymorph.tolerance import Tolerance
-from polymorph.traffic import TrafficShape
+from polymorph.serving.traffic import TrafficShape
+from polymorph.verify.tolerance import Tolerance
 
 KERNEL = "IMPLEMENTS = 'rmsnorm'\nCONFIGS = [{'block': 128}]\n"
 RMSNORM = "rmsnorm(f32[batch,seq,64],f32[64])->(f32[batch,seq,64])"
@@ -327,7 +327,7 @@ def test_unknown_key_id_is_one_line(tmp_path: Path) -> None:
 def test_a_champion_carries_the_shared_modules_its_source_pins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from polymorph import kernel_files
+    from polymorph.pipeline import kernel_files
 
     source = (kernel_files.kernels_root() / "triton" / "linear_residual.py").read_text()
     shared = {sha: text for _, sha, text in kernel_files.pinned_sources(source)}

@@ -14,7 +14,7 @@ from polymorph.search.agents import Proposal
 from polymorph.search.board import Board
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry
 from polymorph.search.tune import _Run
-from polymorph.tolerance import Tolerance
+from polymorph.verify.tolerance import Tolerance
 
 SIG = "rmsnorm(f32[batch,seq,64],f32[64])->(f32[batch,seq,64])"
 SCOPE = "b1-ctx16-32@0123456789ab"

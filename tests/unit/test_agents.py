@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polymorph.kernel_files import kernels_root
+from polymorph.pipeline.kernel_files import kernels_root
 from polymorph.search.agents import (
     ConfigAutotuner,
     GroupSpace,

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from polymorph.backend import Backend, Registry, registry
 from polymorph.errors import UserError
+from polymorph.pipeline.backend import Backend, Registry, registry
 
 
 def test_in_tree_backends_are_found_and_probe_honestly() -> None:

@@ -14,8 +14,8 @@ import torch
 
 from polymorph.ir.dtypes import DType
 from polymorph.models import load_model
-from polymorph.session import ReferenceExecutable
-from polymorph.tolerance import compare, model_tolerance
+from polymorph.serving.session import ReferenceExecutable
+from polymorph.verify.tolerance import compare, model_tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 

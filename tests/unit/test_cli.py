@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import polymorph
-from polymorph import cli
-from polymorph.backend import Capability, Probe, registry
+from polymorph.cli import command as cli
 from polymorph.errors import UserError
 from polymorph.ir import content_hash, from_json, verify
 from polymorph.ir import serialize as ir_serialize
 from polymorph.knobs import knobs
 from polymorph.models import load_model
+from polymorph.pipeline.backend import Capability, Probe, registry
 
 VENDOR_CHIPS = ["b200", "gb300", "h100", "h200", "mi300x", "mi355x", "trn2"]
 ALL_CHIPS = sorted([*VENDOR_CHIPS, "cpu"])
@@ -230,7 +230,7 @@ def test_run_from_a_compile_output_gives_the_same_tokens(
 def test_run_from_a_compile_output_uses_its_own_kernel_copies(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from polymorph import kernel_files
+    from polymorph.pipeline import kernel_files
 
     out_dir = tmp_path / "tiny"
     assert cli_run(capsys, "compile", "llama-tiny", "--out", str(out_dir))[0] == 0
@@ -281,8 +281,8 @@ def test_verify_tiny_models(capsys: pytest.CaptureFixture[str], model: str) -> N
 
 def test_verify_mismatch_exits_1(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from polymorph import api
-    from polymorph.tolerance import Tolerance, compare
     from polymorph.verify import StepCheck, VerifyResult
+    from polymorph.verify.tolerance import Tolerance, compare
 
     def failing_verify(model, backend, *, seed=None):
         tol = Tolerance(1e-3, 1e-4)
@@ -394,7 +394,7 @@ def test_an_unsupported_op_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The cpu kernel library without its embedding kernel: lowering must name the op and the backend.
-    from polymorph import kernel_files, lowering
+    from polymorph.pipeline import kernel_files, lowering
 
     real_library = kernel_files.kernel_library
 

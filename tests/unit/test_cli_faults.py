@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from polymorph.cli import main
-from polymorph.outdir import MANIFEST
+from polymorph.cli.outdir import MANIFEST
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry
-from polymorph.tolerance import Tolerance
+from polymorph.verify.tolerance import Tolerance
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], code: int, *needles: str) -> str:

@@ -1,4 +1,4 @@
-"""The calibrated cost model (polymorph/costmodel.py) on fixed calibration numbers: efficiency curves,
+"""The calibrated cost model (polymorph/cost/model.py) on fixed calibration numbers: efficiency curves,
 per-kernel rows, the footprint, and refine(). Nothing here is timed; every number comes from the
 calibration file written below or from the vendor profile."""
 
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import costmodel
-from polymorph.backend import registry
 from polymorph.backends.cpu.microbench import write_calibration
+from polymorph.cost import model as costmodel
 from polymorph.errors import UserError
-from polymorph.hw import Profile, load_profile
-from polymorph.microbench import CurveMeasurement, Measurement, SuiteResult
+from polymorph.hardware.microbench import CurveMeasurement, Measurement, SuiteResult
+from polymorph.hardware.profile import Profile, load_profile
 from polymorph.models import load_model
 from polymorph.passes import bucket_bindings
-from polymorph.plan import Plan
+from polymorph.pipeline.backend import registry
+from polymorph.pipeline.plan import Plan
 
 GB = 1e9
 MIB = 1 << 20

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from polymorph.errors import UserError
-from polymorph.kernel_files import kernels_root
+from polymorph.pipeline.kernel_files import kernels_root
 from polymorph.search.agents import GroupSpace, Outcome, Schedule, candidate_key
 from polymorph.search.external import CommandAgent, EndpointAgent, build_prompt, parse_answer
 

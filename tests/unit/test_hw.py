@@ -1,4 +1,4 @@
-"""polymorph.hw: profile loading and validation, calibration overlay, roofline."""
+"""polymorph.hardware.profile: profile loading and validation, calibration overlay, roofline."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import hw
 from polymorph.errors import UserError
+from polymorph.hardware import profile as hw
+from polymorph.hardware.target import Target
 from polymorph.ir.dtypes import DType
-from polymorph.target import Target
 
 PROFILES = {
     "h100": "cuda:sm_90",

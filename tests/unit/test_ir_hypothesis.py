@@ -22,9 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from polymorph import reference
 from polymorph.errors import UserError
-from polymorph.ir import OPS, DType, Graph, TensorType, content_hash, format_graph, verify
+from polymorph.ir import OPS, DType, Graph, TensorType, content_hash, format_graph, reference, verify
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.serialize import from_dict, from_json, to_dict, to_json
 from polymorph.ir.shapes import Dim, concrete

@@ -1,5 +1,5 @@
 """Judging a candidate's teacher-forced logits beside the stock plan's (polymorph/verify/numerics.py
-`judge_beside`, polymorph/tolerance.py `no_worse`): where the stock plan itself misses the tolerance
+`judge_beside`, polymorph/verify/tolerance.py `no_worse`): where the stock plan itself misses the tolerance
 against the reference, a candidate as close as the stock plan passes, a worse one fails, and a NaN or
 a raise never passes. Fresh random logits each run; the seed is in every message."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from polymorph.ir.dtypes import DType
-from polymorph.tolerance import compare, model_tolerance, no_worse
 from polymorph.verify.numerics import STOCK_SLACK, ScenarioStep, judge_beside
+from polymorph.verify.tolerance import compare, model_tolerance, no_worse
 
 TOL = model_tolerance(DType.BF16)
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import api, kernel_files
+from polymorph import api
 from polymorph.errors import UserError
 from polymorph.models import load_model
+from polymorph.pipeline import kernel_files
 
 PIN = re.compile(r'depend\(\s*"([^"]+)",\s*"([0-9a-f]{64})"\s*\)')
 LIBRARY = kernel_files.kernels_root()
@@ -135,7 +136,7 @@ def test_a_shared_module_with_crlf_line_ends_is_carried_byte_for_byte(
     sha = kernel_files.source_hash(shared)
     kernel = library / "triton" / "k.py"
     kernel.write_text(
-        f'from polymorph.kernel_files import depend\n_s = depend("triton/_crlf.py", "{sha}")\n'
+        f'from polymorph.pipeline.kernel_files import depend\n_s = depend("triton/_crlf.py", "{sha}")\n'
         "IMPLEMENTS = 'relu'\nCONFIGS = [{}]\n\n\ndef supports(spec):\n    return True\n\n\n"
         "def build(spec, config, target):\n    return None\n"
     )

@@ -1,4 +1,4 @@
-"""Parallelism planning (polymorph/parallel.py): which TP/EP degrees are offered, what each is predicted
+"""Parallelism planning (polymorph/cost/parallel.py): which TP/EP degrees are offered, what each is predicted
 to cost per device, and how bad input is refused. Predictions come from vendor figures (uncalibrated
 h200) or a fixed cpu calibration; nothing is timed."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from polymorph import microbench, parallel
 from polymorph.backends.cpu.microbench import write_calibration
+from polymorph.cost import parallel
 from polymorph.errors import UserError
-from polymorph.microbench import Measurement, SuiteResult
+from polymorph.hardware import microbench
+from polymorph.hardware.microbench import Measurement, SuiteResult
 from polymorph.models.zoo import zoo_config
 
 # Lowering for cuda loads the Triton kernel files, so those tests need triton (the `cuda` extra).

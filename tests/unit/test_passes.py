@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polymorph import reference
 from polymorph.errors import UserError
-from polymorph.ir import DType, Graph, Node, TensorType, content_hash, verify
+from polymorph.ir import DType, Graph, Node, TensorType, content_hash, reference, verify
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.shapes import concrete
 from polymorph.models.config import load_config

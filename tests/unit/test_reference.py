@@ -1,4 +1,4 @@
-"""polymorph.reference against independent computations: torch, transformers and hand math."""
+"""polymorph.ir.reference against independent computations: torch, transformers and hand math."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as tf
 
-from polymorph import reference
 from polymorph.errors import UserError
-from polymorph.ir import DType, Graph, TensorType
+from polymorph.ir import DType, Graph, TensorType, reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.models.config import RopeConfig
-from polymorph.tolerance import Tolerance, compare, op_tolerance
+from polymorph.verify.tolerance import Tolerance, compare, op_tolerance
 
 F32, BF16, F16, I32, I64 = DType.F32, DType.BF16, DType.F16, DType.I32, DType.I64
 FLOATS = [F32, BF16, F16]
@@ -666,7 +665,7 @@ def test_f32_weight_copies_change_no_bit_of_a_step(model: str) -> None:
     """ReferenceExecutable keeps f32 copies of bf16 projection weights (`reference.WIDE_OPS` read
     them): the logits are the same bits as converting the weights at every call."""
     from polymorph.models import load_model
-    from polymorph.session import ReferenceExecutable
+    from polymorph.serving.session import ReferenceExecutable
 
     m = load_model(model, dtype="bf16")
     rng = np.random.default_rng()

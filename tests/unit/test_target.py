@@ -1,11 +1,11 @@
-"""polymorph.target: parsing target strings into a validated (family, arch), and the fields backends use."""
+"""polymorph.hardware.target: parsing target strings into a validated (family, arch), and the fields backends use."""
 
 from __future__ import annotations
 
 import pytest
 
 from polymorph.errors import UserError
-from polymorph.target import Target, known_targets
+from polymorph.hardware.target import Target, known_targets
 
 ACCEPTED = ["cuda:sm_90", "cuda:sm_100", "cuda:sm_103", "rocm:gfx942", "rocm:gfx950", "neuron:trn2", "cpu"]
 

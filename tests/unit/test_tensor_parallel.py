@@ -13,16 +13,16 @@ import pytest
 
 from polymorph.errors import UserError
 from polymorph.models import load_model
-from polymorph.tensor_parallel import shard_config, shard_weights
+from polymorph.serving.tensor_parallel import shard_config, shard_weights
 
 RANK_SCRIPT = """
 import sys
 import numpy as np
 import torch.distributed as dist
-from polymorph.backend import registry
-from polymorph.hw import load_profile
+from polymorph.pipeline.backend import registry
+from polymorph.hardware.profile import load_profile
 from polymorph.models import load_model
-from polymorph.tensor_parallel import TensorParallel
+from polymorph.serving.tensor_parallel import TensorParallel
 
 rank, world, store, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -57,7 +57,7 @@ def test_tp2_over_gloo_matches_the_single_process_plan(tmp_path: Path) -> None:
 
     from polymorph import api
     from polymorph.ir.dtypes import DType
-    from polymorph.tolerance import compare, model_tolerance
+    from polymorph.verify.tolerance import compare, model_tolerance
 
     model = load_model("llama-tiny")
     steps = _steps(np.random.default_rng(), model.config.vocab_size)

@@ -1,4 +1,4 @@
-"""polymorph.traffic: the traffic-shape format, its validation, buckets and synthetic requests."""
+"""polymorph.serving.traffic: the traffic-shape format, its validation, buckets and synthetic requests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from polymorph.errors import UserError
-from polymorph.traffic import Bucket, LengthDistribution, Request, TrafficError, TrafficShape
+from polymorph.serving.traffic import Bucket, LengthDistribution, Request, TrafficError, TrafficShape
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traffic"
 

@@ -160,7 +160,7 @@ def test_an_outside_agents_post_is_measured_and_answered(tmp_path: Path) -> None
     the post into its scope, gates and measures it, and the poster's `board wait` gets the result."""
     import threading
 
-    from polymorph.kernel_files import kernels_root
+    from polymorph.pipeline.kernel_files import kernels_root
 
     out = tmp_path / "run"
     kernel = (kernels_root() / "torch" / "linear_residual.py").read_text() + "\n# an outside agent's copy\n"

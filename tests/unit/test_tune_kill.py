@@ -16,7 +16,7 @@ import pytest
 
 from polymorph.search.board import Board
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry
-from polymorph.tolerance import Tolerance
+from polymorph.verify.tolerance import Tolerance
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from polymorph import api
-from polymorph.backend import Executable
-from polymorph.kvcache import GUARD_BLOCK
 from polymorph.models import Model, load_model
-from polymorph.session import ReferenceExecutable, Session
-from polymorph.tolerance import compare, model_tolerance
+from polymorph.pipeline.backend import Executable
+from polymorph.serving.kvcache import GUARD_BLOCK
+from polymorph.serving.session import ReferenceExecutable, Session
+from polymorph.verify.tolerance import compare, model_tolerance
 
 BLOCK = 4
 ENGINES = ["cpu", "reference"]

@@ -1,5 +1,5 @@
 """The cpu microbenchmark's curves (backends/cpu/microbench.py): the quick suite writes a calibration
-file that polymorph.hw loads as an overlay on the `cpu` profile, and the cost model's prediction for a
+file that polymorph.hardware.profile loads as an overlay on the `cpu` profile, and the cost model's prediction for a
 llama-tiny decode step is computed from it and printed beside a measured step. Timings are printed,
 never asserted: only that they are positive and finite, and that the prediction names every group."""
 
@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from polymorph import api, costmodel, hw
+from polymorph import api
 from polymorph.backends.cpu import microbench
+from polymorph.cost import model as costmodel
 from polymorph.errors import UserError
-from polymorph.session import Session
+from polymorph.hardware import profile as hw
+from polymorph.serving.session import Session
 
 
 @pytest.fixture(scope="module")

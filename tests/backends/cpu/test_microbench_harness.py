@@ -1,6 +1,6 @@
-"""The shared microbenchmark harness (polymorph/microbench.py) without a GPU: a GPU-shaped suite result
+"""The shared microbenchmark harness (polymorph/hardware/microbench.py) without a GPU: a GPU-shaped suite result
 (what backends/gpu/microbench.py returns on an H200) written by the shared writer loads back through
-polymorph.hw as the `h200` profile's calibration, value for value; the writer refuses what the loader
+polymorph.hardware.profile as the `h200` profile's calibration, value for value; the writer refuses what the loader
 would; and the GPU suite refuses cleanly on a machine without a GPU."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from polymorph import hw, microbench
 from polymorph.backends.gpu import microbench as gpu_microbench
 from polymorph.errors import UserError
-from polymorph.microbench import GIB, MIB, CurveMeasurement, Measurement, SuiteResult
+from polymorph.hardware import microbench
+from polymorph.hardware import profile as hw
+from polymorph.hardware.microbench import GIB, MIB, CurveMeasurement, Measurement, SuiteResult
 
 TOOLCHAIN = {"python": "3.12.3", "torch": "2.11.0+cu128", "triton": "3.6.0", "cuda": "12.8"}
 COMMAND = "polymorph microbench --backend cuda --target h200"

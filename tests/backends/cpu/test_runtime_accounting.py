@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from polymorph import api
-from polymorph.backend import registry
-from polymorph.kvcache import PagedKVCache
 from polymorph.models import load_model
+from polymorph.pipeline.backend import registry
+from polymorph.serving.kvcache import PagedKVCache
 
 
 def decode(ctx: int = 40):

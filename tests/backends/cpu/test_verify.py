@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from polymorph import api, reference
-from polymorph.backend import registry
+from polymorph import api
+from polymorph.ir import reference
 from polymorph.ir.ops import OPS, normalize_attrs
 from polymorph.models import Model, load_model
-from polymorph.session import ReferenceExecutable, Session
+from polymorph.pipeline.backend import registry
+from polymorph.serving.session import ReferenceExecutable, Session
 from polymorph.verify import VerifyResult, verify_executable
 
 MODELS = ["llama-tiny", "moe-tiny", "qwen3-moe-tiny"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from polymorph import api
-from polymorph.backend import registry
 from polymorph.models import Model, load_model
-from polymorph.session import ReferenceExecutable
+from polymorph.pipeline.backend import registry
+from polymorph.serving.session import ReferenceExecutable
 from polymorph.verify import verify_executable
 
 pytestmark = pytest.mark.cuda

@@ -1,5 +1,5 @@
 """The GPU microbenchmark suite (backends/gpu/microbench.py) on a GPU: the quick suite writes a
-calibration file that polymorph.hw loads, and its numbers are physically possible for the chip: no
+calibration file that polymorph.hardware.profile loads, and its numbers are physically possible for the chip: no
 bandwidth, and no GEMV at M=1 through the LM head (one FLOP per weight byte in 16 bits), above the
 vendor's HBM peak, which a hot cache would show. Timings are printed. The profile id only names the file here: the suite
 measures whatever GPU device 0 is. Run: nox -s tests-cuda."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from polymorph import hw
 from polymorph.backends.gpu import microbench
+from polymorph.hardware import profile as hw
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polymorph import api, cli
-from polymorph.backend import registry
+from polymorph import api
+from polymorph.cli import command as cli
 from polymorph.errors import UserError
 from polymorph.knobs import knobs
 from polymorph.models import load_model
+from polymorph.pipeline.backend import registry
 
 jax = pytest.importorskip(
     "jax", reason="the neuron backend lowers through JAX: pip install 'polymorph[neuron]'"
@@ -228,7 +229,7 @@ def _with_config(group, config):
 
 def test_a_symbolic_plan_is_refused_for_writing(no_neuronx_cc: Path) -> None:
     backend = registry.get("neuron")
-    from polymorph.hw import load_profile
+    from polymorph.hardware.profile import load_profile
 
     plan = backend.lower(load_model("llama-tiny").graph, load_profile("trn2"))
     assert backend.compile(plan).report.predicted_step_s is None  # in memory: fine, nothing to predict

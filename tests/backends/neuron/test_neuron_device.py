@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from polymorph import api
-from polymorph.backend import registry
 from polymorph.knobs import knobs
 from polymorph.models import load_model
+from polymorph.pipeline.backend import registry
 
 pytestmark = pytest.mark.neuron
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from polymorph import api
-from polymorph.backend import registry
 from polymorph.errors import UserError
 from polymorph.models import load_model
+from polymorph.pipeline.backend import registry
 
 pytest.importorskip("jax", reason="the neuron backend lowers through JAX: pip install 'polymorph[neuron]'")
 

@@ -1,5 +1,5 @@
 """Every entry of the conformance table (tests/conformance/conftest.py) through the neuron lowering,
-run by JAX on XLA's CPU backend, against polymorph.reference at polymorph.tolerance.op_tolerance.
+run by JAX on XLA's CPU backend, against polymorph.ir.reference at polymorph.verify.tolerance.op_tolerance.
 
 Each case lowers the entry's graph for trn2, loads it with the sample's weights and runs every step
 of its samples: outputs within the op tolerance of their dtype (plus, for a fused group, the
@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from polymorph import reference
-from polymorph.backend import registry
-from polymorph.hw import load_profile
+from polymorph.hardware.profile import load_profile
+from polymorph.ir import reference
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
-from polymorph.kernel_files import load_choice
-from polymorph.plan import Plan
-from polymorph.tolerance import Tolerance, compare, op_tolerance
+from polymorph.pipeline.backend import registry
+from polymorph.pipeline.kernel_files import load_choice
+from polymorph.pipeline.plan import Plan
+from polymorph.verify.tolerance import Tolerance, compare, op_tolerance
 
 pytest.importorskip("jax", reason="the neuron backend lowers through JAX: pip install 'polymorph[neuron]'")
 

@@ -14,7 +14,7 @@ import pytest
 
 from polymorph.engine import gates
 from polymorph.engine.controller import Controller
-from polymorph.kernel_files import kernels_root
+from polymorph.pipeline.kernel_files import kernels_root
 
 HERE = Path(__file__).parent
 GROUP = "layers.0.mlp.down+residual"

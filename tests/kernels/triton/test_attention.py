@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from polymorph import reference
+from polymorph.hardware.target import Target
+from polymorph.ir import reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
-from polymorph.kernel_files import KernelFile, KernelSpec
-from polymorph.target import Target
-from polymorph.tolerance import compare, op_tolerance
-from polymorph.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
-from polymorph.triton_interpreter import load as kernel
+from polymorph.pipeline.kernel_files import KernelFile, KernelSpec
+from polymorph.verify.tolerance import compare, op_tolerance
+from polymorph.verify.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
+from polymorph.verify.triton_interpreter import load as kernel
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")

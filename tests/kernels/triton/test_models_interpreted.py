@@ -20,12 +20,12 @@ pytest.importorskip("triton")
 CHILD = textwrap.dedent(
     """
     import sys
-    from polymorph.backend import registry
+    from polymorph.pipeline.backend import registry
     from polymorph.backends.gpu.runtime import GpuExecutable
     from polymorph.models import load_model
     from polymorph.passes import bucket_bindings
-    from polymorph.hw import load_profile
-    from polymorph.session import ReferenceExecutable
+    from polymorph.hardware.profile import load_profile
+    from polymorph.serving.session import ReferenceExecutable
     from polymorph.verify import verify_executable
 
     model = load_model(sys.argv[1], dtype="bf16")

@@ -29,17 +29,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from polymorph import reference
+from polymorph.hardware.target import Target
+from polymorph.ir import reference
 from polymorph.ir.builder import GraphBuilder
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
-from polymorph.kernel_files import KernelFile, KernelSpec
-from polymorph.lowering import kernel_spec
 from polymorph.passes.fuse import fuse, select_patterns
-from polymorph.target import Target
-from polymorph.tolerance import Tolerance, compare, op_tolerance
-from polymorph.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
-from polymorph.triton_interpreter import load as kernel
+from polymorph.pipeline.kernel_files import KernelFile, KernelSpec
+from polymorph.pipeline.lowering import kernel_spec
+from polymorph.verify.tolerance import Tolerance, compare, op_tolerance
+from polymorph.verify.triton_interpreter import InterpreterRun, child_main, process_interprets, selected
+from polymorph.verify.triton_interpreter import load as kernel
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")

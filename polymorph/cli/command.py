@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from polymorph import console
+from polymorph.cli import console
 from polymorph.errors import CheckFailed, MissingDependency, UserError
 
 
@@ -32,7 +32,7 @@ def _version() -> str:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from polymorph.backend import registry
+    from polymorph.pipeline.backend import registry
 
     rows = []
     for name, backend, failure in registry.available():
@@ -80,7 +80,7 @@ def _step_cost(model_name: str, dtype: str, batch: int, ctx: int) -> tuple[float
 
 
 def cmd_hw(args: argparse.Namespace) -> int:
-    from polymorph.hw import list_profiles, load_profile, roofline_seconds
+    from polymorph.hardware.profile import list_profiles, load_profile, roofline_seconds
     from polymorph.knobs import knobs
 
     if args.chip is None:
@@ -123,7 +123,7 @@ def cmd_hw(args: argparse.Namespace) -> int:
 
 
 def cmd_microbench(args: argparse.Namespace) -> int:
-    from polymorph.hw import default_calibration_dir
+    from polymorph.hardware.profile import default_calibration_dir
     from polymorph.knobs import knobs
 
     out = Path(args.out) if args.out else knobs.calibration_dir or default_calibration_dir()
@@ -135,8 +135,8 @@ def cmd_microbench(args: argparse.Namespace) -> int:
         results = run_suite(quick=args.quick)
         written = write_calibration(out, results)
     elif args.backend in ("cuda", "rocm"):
-        from polymorph.backend import registry
         from polymorph.backends.gpu import microbench
+        from polymorph.pipeline.backend import registry
 
         target = args.target or registry.get(args.backend).targets[0]
         results = microbench.run_suite(target, quick=args.quick)
@@ -237,7 +237,7 @@ def _prompt_tokens(args: argparse.Namespace):
 def cmd_run(args: argparse.Namespace) -> int:
     from polymorph import api
     from polymorph.knobs import knobs
-    from polymorph.session import Sampler
+    from polymorph.serving.session import Sampler
 
     prompt, tokenizer = _prompt_tokens(args)
     compiled = (Path(args.model) / "plan.json").exists()
@@ -290,9 +290,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from polymorph import api
-    from polymorph.backend import registry
     from polymorph.models import load_model
-    from polymorph.session import Sampler
+    from polymorph.pipeline.backend import registry
+    from polymorph.serving.session import Sampler
 
     model = load_model("llama-tiny")
     with tempfile.TemporaryDirectory() as tmp:
@@ -561,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--out", help="calibration directory (default: POLYMORPH_CALIBRATION_DIR or hwprofiles/measured)"
     )
-    from polymorph import parallel
+    from polymorph.cost import parallel
 
     parallel.add_command(sub)
     c = command("engine", None, "a persistent engine: start once, swap candidate kernels into it")

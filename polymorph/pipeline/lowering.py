@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
-from polymorph.backend import Backend, check_profile
 from polymorph.errors import UserError
-from polymorph.hw import Profile
+from polymorph.hardware.profile import Profile
+from polymorph.hardware.target import Target
 from polymorph.ir.graph import Graph, TensorType
 from polymorph.ir.spec import verify
-from polymorph.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
 from polymorph.passes import NodeGroup, Pattern, fuse, select_patterns, specialize
-from polymorph.plan import KernelChoice, Plan, PlanGroup
-from polymorph.target import Target
+from polymorph.pipeline.backend import Backend, check_profile
+from polymorph.pipeline.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
+from polymorph.pipeline.plan import KernelChoice, Plan, PlanGroup
 
 
 def kernel_spec(
@@ -65,7 +65,7 @@ def choose_kernel(library: Sequence[KernelFile], spec: KernelSpec) -> KernelFile
 
 def lower_onto_library(
     backend_name: str,
-    family: str,
+    language: str,
     graph: Graph,
     profile: Profile,
     patterns: Sequence[Pattern],
@@ -75,13 +75,13 @@ def lower_onto_library(
     model: str = "",
     bindings: Mapping[str, int] | None = None,
 ) -> Plan:
-    """Plan `graph` onto `family`'s kernels (or `library`). `library_call` maps a kernel file name to
+    """Plan `graph` onto the kernels of `language` (or `library`). `library_call` maps a kernel file name to
     the vendor library it calls, for the report. With `bindings`, kernels are chosen for the concrete
     shapes of that bucket (the plan keeps the symbolic graph and records the bindings)."""
     types = verify(graph)
     if bindings:
         types = verify(specialize(graph, bindings))
-    library = list(kernel_library(family) if library is None else library)
+    library = list(kernel_library(language) if library is None else library)
     library_call = dict(library_call or {})
     chosen: list[PlanGroup] = []
 
@@ -106,7 +106,7 @@ def lower_onto_library(
         for single in single_groups(graph, group):
             kernel = choose_kernel(library, kernel_spec(graph, single, types, profile.target))
             if kernel is None:
-                from polymorph.backend import registry
+                from polymorph.pipeline.backend import registry
 
                 op = single.pattern
                 others = [b for b in registry.supporting(op) if b != backend_name]
@@ -130,7 +130,7 @@ def lower_onto_library(
 
 
 class KernelLibraryBackend(Backend):
-    """A backend whose plans are its kernel family's files (cpu, cuda and rocm, neuron): `lower` fuses
+    """A backend whose plans are its kernel language's files (cpu, cuda and rocm, neuron): `lower` fuses
     by the backend's patterns and picks a kernel file for each group (lower_onto_library)."""
 
     patterns: ClassVar[tuple[str, ...]] = ()  # fusion patterns, by name (polymorph.passes)
@@ -151,7 +151,7 @@ class KernelLibraryBackend(Backend):
         check_profile(self, profile)
         return lower_onto_library(
             self.name,
-            self.family,
+            self.language,
             graph,
             profile,
             select_patterns(p for p in self.fusion_patterns(bindings) if p not in unfused),

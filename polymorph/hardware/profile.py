@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from polymorph.errors import UserError
-from polymorph.target import Target
+from polymorph.hardware.target import Target
 
 SCHEMA_VERSION = 1
 
@@ -408,7 +408,7 @@ def profiles_dir() -> Traversable:
         return importlib.resources.files("polymorph.hwprofiles")
     except ModuleNotFoundError:
         # A plain checkout: nothing maps hwprofiles/ into the polymorph package until it is installed.
-        return Path(__file__).resolve().parent.parent / "hwprofiles"
+        return Path(__file__).resolve().parents[2] / "hwprofiles"
 
 
 def default_calibration_dir() -> Path | None:

@@ -1,7 +1,7 @@
 """What every backend's microbenchmark suite shares: the rows a suite measures and the writer of the
-calibration file they become (the format of hwprofiles/measured/README.md, read by polymorph.hw).
+calibration file they become (the format of hwprofiles/measured/README.md, read by polymorph.hardware.profile).
 
-A suite (backends/<family>/microbench.py) measures its device and returns a `SuiteResult`; the
+A suite (backends/<name>/microbench.py) measures its device and returns a `SuiteResult`; the
 backend's `write_calibration` adds the provenance only it knows (device name, driver, toolchain) and
 calls `write_calibration` here, which writes `<calibration_dir>/<profile>.toml` atomically. Nothing
 here imports torch: the suites do their own timing.
@@ -47,7 +47,7 @@ class Timing:
 class CurveMeasurement:
     """One curve as the calibration file stores it: `keys` are bytes, or [M, K, N] for matmul curves."""
 
-    name: str  # a polymorph.hw.CURVES key
+    name: str  # a polymorph.hardware.profile.CURVES key
     unit: str
     method: str
     keys: tuple[int | tuple[int, int, int], ...]
@@ -80,7 +80,7 @@ class CurveMeasurement:
 class SuiteResult:
     """What a suite's `run_suite` measured. Iterating yields one row per figure, per curve and per
     unrecorded measurement (what `polymorph microbench` prints); `calibration_toml` writes the figures,
-    the launch overhead and the curves. `unrecorded` holds what polymorph.hw has no name for yet (a
+    the launch overhead and the curves. `unrecorded` holds what polymorph.hardware.profile has no name for yet (a
     GPU's all-reduce), printed so that it is seen, never written."""
 
     figures: list[Measurement]

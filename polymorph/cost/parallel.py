@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from polymorph import console
-from polymorph.backend import registry
-from polymorph.costmodel import HardwareModel, KernelRow, Prediction, predict
+from polymorph.cli import console
+from polymorph.cost.model import HardwareModel, KernelRow, Prediction, group_cost, predict
 from polymorph.errors import UserError
-from polymorph.hw import Profile, load_profile
+from polymorph.hardware.profile import Profile, load_profile
+from polymorph.hardware.target import Target
 from polymorph.ir.dtypes import DType
 from polymorph.ir.ops import Cost, node_cost
 from polymorph.ir.shapes import numel
@@ -46,9 +46,8 @@ from polymorph.models import Model, load_model
 from polymorph.models.config import ModelConfig
 from polymorph.models.decoder import DEFAULT_BLOCK_SIZE, build_decoder
 from polymorph.passes import bucket_bindings
-from polymorph.plan import Plan
-from polymorph.predict import group_cost
-from polymorph.target import Target
+from polymorph.pipeline.backend import registry
+from polymorph.pipeline.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ def device_config(cfg: ModelConfig, tp: int, ep: int) -> ModelConfig:
         fields["intermediate_size"] = cfg.intermediate_size // tp
     elif ep > 1:
         fields["num_experts"] = cfg.num_experts // ep  # type: ignore[operator]
-    elif cfg.family == "mixtral":
+    elif cfg.model_type == "mixtral":
         fields["intermediate_size"] = cfg.intermediate_size // tp
     else:
         fields["moe_intermediate_size"] = cfg.moe_intermediate_size // tp  # type: ignore[operator]

@@ -1,6 +1,6 @@
 """Kernel files: the unit a backend's plan names, an agent proposes, and the engine hot-reloads.
 
-A kernel is a Python file under `kernels/<family>/` exposing:
+A kernel is a Python file under `kernels/<language>/` exposing:
   IMPLEMENTS  the op name (from the op table) or fused-pattern name it implements, or a tuple of them
   CONFIGS     the tunable space: a list of dicts (the first is the default)
   supports(spec: KernelSpec) -> bool         shapes, dtypes and target it handles
@@ -21,7 +21,7 @@ sha256 of its source, so a plan names exactly the code it was built with.
 Code several kernel files share lives in a module whose name starts with `_` (never a kernel itself),
 which a kernel file takes with `depend("triton/_projection.py", "<sha256>")`: the pinned hash is part
 of the kernel file's own text, so the kernel's name still covers every line it runs. After editing a
-shared module, `python -m polymorph.kernel_files --repin` rewrites the pins in the library.
+shared module, `python -m polymorph.pipeline.kernel_files --repin` rewrites the pins in the library.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from types import ModuleType
 from typing import Any
 
 from polymorph.errors import UserError
+from polymorph.hardware.target import Target
 from polymorph.ir.graph import Node, TensorType
-from polymorph.target import Target
 
 Launch = Callable[[list[Any], list[Any], Any], None]
 
@@ -205,7 +205,7 @@ def _depend(name: str, sha256: str) -> ModuleType:
                 continue  # a damaged copy: the library may still hold the right text
             raise ImportError(
                 f"the kernel needs {name} at sha256 {sha256[:12]} but {path} is {source_hash(source)[:12]}: "
-                "after editing a shared module, run `python -m polymorph.kernel_files --repin`"
+                "after editing a shared module, run `python -m polymorph.pipeline.kernel_files --repin`"
             )
         importer = _LOADING[-1].module if _LOADING else "polymorph_kernel"
         module = _import(path, f"{importer}__{Path(name).stem.lstrip('_')}_{sha256[:16]}")
@@ -250,7 +250,9 @@ def load_kernel(path: str | Path) -> KernelFile:
         raise UserError(f"{path}: the kernel file fails to import: {type(e).__name__}: {e}") from None
     for attr in ("IMPLEMENTS", "CONFIGS", "supports", "build"):
         if not hasattr(module, attr):
-            raise UserError(f"{path}: a kernel file must define `{attr}` (see polymorph/kernel_files.py)")
+            raise UserError(
+                f"{path}: a kernel file must define `{attr}` (see polymorph/pipeline/kernel_files.py)"
+            )
     implements = module.IMPLEMENTS
     implements = (implements,) if isinstance(implements, str) else tuple(implements)
     configs = tuple(dict(c) for c in module.CONFIGS)
@@ -259,9 +261,9 @@ def load_kernel(path: str | Path) -> KernelFile:
     return KernelFile(path, digest, implements, configs, module, tuple(sorted(module.__polymorph_depends__)))
 
 
-def kernel_library(family: str) -> list[KernelFile]:
-    """Every kernel file shipped for a family (`kernels/<family>/*.py`), freshly loaded."""
-    folder = kernels_root() / family
+def kernel_library(language: str) -> list[KernelFile]:
+    """Every kernel file shipped in a kernel language (`kernels/<language>/*.py`), freshly loaded."""
+    folder = kernels_root() / language
     if not folder.is_dir():
         return []
     return [load_kernel(p) for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")]
@@ -395,7 +397,7 @@ def _repin_pass(root: Path) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--repin"]:
-        print("usage: python -m polymorph.kernel_files --repin", file=sys.stderr)
+        print("usage: python -m polymorph.pipeline.kernel_files --repin", file=sys.stderr)
         sys.exit(2)
     for changed_path in repin():
         print(f"repinned {changed_path}")

@@ -2,7 +2,7 @@
 on CPUs), Megatron-style: the q/k/v and gate/up projections are column-parallel (each rank holds
 1/tp of the heads, kv heads and MLP width), the o and down projections row-parallel, and their
 partial outputs are summed by one all-reduce each, before the residual add; norms, embeddings and the
-lm_head are replicated. Two all-reduces per layer, as polymorph/parallel.py prices them.
+lm_head are replicated. Two all-reduces per layer, as polymorph/cost/parallel.py prices them.
 
 Each rank runs an ordinary plan: the decoder built for the rank's shard of the config
 (`shard_config`), lowered by the backend without the fusion that would put the residual add inside
@@ -38,8 +38,8 @@ COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "
 
 def shard_config(cfg: ModelConfig, tp: int) -> ModelConfig:
     """The config one rank builds: heads, kv heads and MLP width divided by `tp`."""
-    if cfg.family != "llama":
-        raise UserError(f"tensor parallelism is built for llama models, not {cfg.family}")
+    if cfg.model_type != "llama":
+        raise UserError(f"tensor parallelism is built for llama models, not {cfg.model_type}")
     for what, n in (("attention heads", cfg.num_attention_heads), ("kv heads", cfg.num_key_value_heads),
                     ("the MLP width", cfg.intermediate_size)):  # fmt: skip
         if n % tp:
@@ -113,8 +113,8 @@ class TensorParallel:
                  capture: bool = False) -> None:  # fmt: skip
         import torch.distributed as dist
 
-        from polymorph.backend import Artifact
-        from polymorph.predict import plan_report
+        from polymorph.cost.model import plan_report
+        from polymorph.pipeline.backend import Artifact
 
         if not dist.is_initialized():
             raise UserError("tensor parallelism needs torch.distributed initialized (one process per rank)")

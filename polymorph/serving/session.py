@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polymorph import reference
-from polymorph.backend import Executable
 from polymorph.errors import UserError
+from polymorph.ir import reference
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import concrete
-from polymorph.kvcache import PagedKVCache
+from polymorph.pipeline.backend import Executable
+from polymorph.serving.kvcache import PagedKVCache
 
 # float32 copies of low-precision weights the reference keeps, so a projection does not convert its
 # weight on every call (the conversion was 73% of a Llama-3.2-1B bf16 step); beyond this many bytes

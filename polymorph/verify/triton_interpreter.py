@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from polymorph.kernel_files import KernelFile, kernels_root, load_kernel
+from polymorph.pipeline.kernel_files import KernelFile, kernels_root, load_kernel
 
 RESULT_LINE = "interpreter results: "
 Cases = Mapping[str, Callable[[], None]]

@@ -1,6 +1,6 @@
 """The backend contract, and the registry that finds backends.
 
-A backend is one package under `backends/` (installed as `polymorph.backends.<family>`) exposing one
+A backend is one package under `backends/` (installed as `polymorph.backends.<name>`) exposing one
 `Backend` subclass as `BACKEND`, or a third-party package registered in the entry-point group
 `polymorph.backends`. Required of every backend, all without the device:
   `targets`  the hardware-profile ids it serves
@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from polymorph.errors import UserError
-from polymorph.hw import Profile
+from polymorph.hardware.profile import Profile
 from polymorph.ir.graph import Graph
-from polymorph.plan import Plan, Report
+from polymorph.pipeline.plan import Plan, Report
 
 
 class Feature(str, Enum):
@@ -119,7 +119,7 @@ class EngineRuntime(Executable):
 
 class Backend(ABC):
     name: ClassVar[str]
-    family: ClassVar[str]  # kernels/<family>/ holds its kernel library
+    language: ClassVar[str]  # the kernel language: kernels/<language>/ holds its kernel library
     targets: ClassVar[tuple[str, ...]]
     features: ClassVar[frozenset[Feature]] = frozenset()
 
@@ -156,9 +156,9 @@ class Backend(ABC):
 
     def ops(self) -> set[str]:
         """The op and pattern names its kernel library implements."""
-        from polymorph.kernel_files import kernel_library
+        from polymorph.pipeline.kernel_files import kernel_library
 
-        return {name for k in kernel_library(self.family) for name in k.implements}
+        return {name for k in kernel_library(self.language) for name in k.implements}
 
 
 # --- the registry ------------------------------------------------------------------------------------

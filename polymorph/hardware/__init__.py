@@ -1,0 +1,2 @@
+"""What polymorph knows of a chip: its `Target`, its profile (vendor figures and measured calibration)
+and the microbenchmark rows that calibrate it."""
