@@ -94,6 +94,10 @@ FIGURES: dict[str, tuple[str, str]] = {
     "psum_per_unit": ("bytes", "PSUM per {unit}"),
     "warp_size": ("count", "Warp / wavefront width"),
     "max_warps_per_unit": ("count", "Max warps per {unit}"),
+    "shared_memory_per_block": ("bytes", "Shared memory (LDS) one block / workgroup may take"),
+    "register_allocation_unit": ("count", "Register allocation granule"),
+    "max_blocks_per_unit": ("count", "Max resident blocks per {unit}"),
+    "simds_per_unit": ("count", "SIMDs (warp schedulers) per {unit}"),
     "interconnect_bandwidth": ("bandwidth", "Interconnect bandwidth per direction"),
     "dma_bandwidth": ("bandwidth", "DMA bandwidth"),
     "power": ("power", "Power (max TDP / TBP)"),
@@ -155,7 +159,9 @@ _DTYPES_HINT = "f32, tf32, bf16, f16, f8e4m3, f8e5m2, fp6, fp4, i8, i32, i64, bo
 
 EVIDENCE: tuple[str, ...] = ("spec", "derived", "unverified")
 
-_PROFILE_KEYS = {"schema_version", "id", "name", "target", "backend", "note", "peak", "figures"}
+_PROFILE_KEYS = {"schema_version", "id", "name", "target", "backend", "note", "peak", "figures", "compiler"}
+# The `[compiler]` table of a GPU profile: facts about how Triton compiles for the arch (traits.py).
+_COMPILER_KEYS = {"triton_backend", "matrix_instruction", "pipeline_stages", "launch_options", "source"}
 _CALIBRATION_KEYS = {
     "schema_version",
     "profile",
@@ -277,6 +283,7 @@ class Profile:
     note: str | None
     vendor: tuple[Figure, ...]
     calibration: Calibration | None = None
+    compiler: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)  # `[compiler]`
 
     @property
     def has_figures(self) -> bool:
@@ -510,8 +517,19 @@ def _parse_profile(data: dict[str, Any], where: str, expected_id: str) -> Profil
             f"{where}: `figures.warp_size` is {warp.value:g} but {target} runs {target.warp_size}-wide; "
             f"one of them is wrong"
         )
+    compiler = _get(data, "compiler", dict, where, required=False) or {}
+    _no_unknown_keys(compiler, _COMPILER_KEYS, where, "compiler.")
+    if compiler and "source" not in compiler:
+        raise UserError(f"{where}: `compiler` has no `source`; say where its facts come from")
     return Profile(
-        id=pid, name=name, target=target, backend=backend, path=where, note=note, vendor=tuple(figures)
+        id=pid,
+        name=name,
+        target=target,
+        backend=backend,
+        path=where,
+        note=note,
+        vendor=tuple(figures),
+        compiler=compiler,
     )
 
 
