@@ -31,12 +31,14 @@ class Traits:
     shared_per_block: int  # the most one block / workgroup may allocate
     max_warps_per_unit: int  # resident warps / waves per unit
     registers_per_unit: int  # 32-bit registers per unit (all SIMDs of a CU together)
-    register_granule: int  # registers are allocated in multiples of this (per thread on AMD, per warp on NVIDIA)
+    # Registers are allocated in multiples of this: per lane on AMD, per warp on NVIDIA.
+    register_granule: int
     max_blocks_per_unit: int  # resident blocks / workgroups per unit
     simds_per_unit: int  # 4 on CDNA; 4 SM sub-partitions on NVIDIA (one warp scheduler each)
     matrix_instruction: str  # the arch's matrix-multiply instruction family: wgmma, tcgen05, mfma, mma
     pipeline_stages: int  # software-pipelining depth that suits the arch's async copies
-    launch_options: frozenset[str] = field(default_factory=frozenset)  # Triton options beyond num_warps/num_stages
+    # Triton launch options the arch takes beyond num_warps and num_stages (waves_per_eu on AMD).
+    launch_options: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def waves_per_simd(self) -> int:
@@ -70,12 +72,16 @@ def traits_of(profile: Profile) -> Traits:
     for key in _REQUIRED:
         fig = profile.figure(key, calibrated=False)
         if fig is None:
-            raise UserError(f"{profile.path}: `figures.{key}` is missing; a GPU profile needs it for its traits")
+            raise UserError(
+                f"{profile.path}: `figures.{key}` is missing; a GPU profile needs it for its traits"
+            )
         figures[key] = fig.si
     compiler = profile.compiler
     for key in ("triton_backend", "matrix_instruction", "pipeline_stages"):
         if key not in compiler:
-            raise UserError(f"{profile.path}: `compiler.{key}` is missing; a GPU profile needs it for its traits")
+            raise UserError(
+                f"{profile.path}: `compiler.{key}` is missing; a GPU profile needs it for its traits"
+            )
     return Traits(
         target=profile.target,
         profile=profile.id,
