@@ -5,7 +5,9 @@ depth (projections ~ N(0, 1/fan_in), norms ~ 1, embeddings ~ N(0, 1/dim)), so a 
 and numerics look like a trained one's to every kernel. Each tensor is drawn from its own stream,
 seeded by (seed, name), so one weight does not depend on which others were drawn.
 
-Checkpoints keep their parameter names; only MoE experts differ: the hub layout stores one tensor per
+Checkpoints keep their parameter names. The output head follows transformers 5: a tied model reads the
+embedding (or, when only `lm_head.weight` is stored, that tensor for both); an untied model needs its
+`lm_head.weight` and is refused without it, never given the embedding. MoE experts differ: the hub layout stores one tensor per
 expert (`experts.3.w1.weight`, `experts.3.gate_proj.weight`) and transformers 5 keeps them fused in
 memory (`experts.gate_up_proj`), while the graph reads one stacked tensor per layer and projection.
 """
@@ -141,12 +143,42 @@ def _any_finite(arr: np.ndarray, chunk: int = 1 << 16) -> bool:
     return any(np.isfinite(flat[i : i + chunk].astype(np.float32)).any() for i in range(0, flat.size, chunk))
 
 
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def stored_head_differs(tensors: Mapping[str, np.ndarray], chunk_rows: int = 4096) -> bool:
+    """Whether the checkpoint stores an `lm_head.weight` other than its embedding (another shape or any
+    other value). transformers 5 then does not tie them even when config.json says
+    `tie_word_embeddings: true` (`PreTrainedModel.tie_weights`: "both are present in the checkpoints
+    with different values, so we will NOT tie them"), and the stored head is the output projection."""
+    head, embed = tensors.get(HEAD), tensors.get(EMBED)
+    if head is None or embed is None:
+        return False
+    if head.shape != embed.shape:
+        return True
+    for i in range(0, head.shape[0], chunk_rows):  # row blocks: no full-size float32 copies
+        a = head[i : i + chunk_rows].astype(np.float32)
+        b = embed[i : i + chunk_rows].astype(np.float32)
+        if not np.array_equal(a, b):
+            return True
+    return False
+
+
 def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: str) -> np.ndarray:
     if name in tensors:
         return tensors[name]
-    if name == "lm_head.weight" and "model.embed_tokens.weight" in tensors:
-        # Some checkpoints tie lm_head without saying so in config.json; others save both.
-        return tensors["model.embed_tokens.weight"]
+    if name == EMBED and HEAD in tensors and HEAD not in graph.params:
+        # Tied, with only the head stored: transformers ties the embedding to the tensor that exists.
+        return tensors[HEAD]
+    if name == HEAD:
+        # An untied model (the graph has its own head) whose checkpoint lacks the head: transformers
+        # would initialize it at random (a MISSING key), the embedding is not it.
+        raise UserError(
+            f"{source}: the checkpoint has no tensor `{HEAD}` and config.json does not tie the output head "
+            "to the input embedding (tie_word_embeddings is false or absent; transformers would initialize "
+            'the head at random); if the model shares its embedding as output head, set "tie_word_embeddings": '
+            "true in config.json, else the checkpoint is incomplete: re-download it"
+        )
     m = _STACKED.match(name)
     if m:
         return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)

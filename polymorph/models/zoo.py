@@ -6,6 +6,7 @@ step needs them (compiling needs the graph alone), after checking that they fit 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,10 +20,10 @@ from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph
 from polymorph.ir.shapes import numel
 from polymorph.ir.spec import verify
-from polymorph.models.checkpoint import load_checkpoint
+from polymorph.models.checkpoint import list_checkpoint, load_checkpoint
 from polymorph.models.config import ModelConfig, load_config
 from polymorph.models.decoder import DEFAULT_BLOCK_SIZE, build_decoder
-from polymorph.models.weights import checkpoint_weights, random_weights
+from polymorph.models.weights import EMBED, HEAD, checkpoint_weights, random_weights, stored_head_differs
 
 
 def zoo_names() -> list[str]:
@@ -119,7 +120,9 @@ def load_model(
     """Resolve MODEL: a zoo name, a Hugging Face model directory, or an IR JSON file.
 
     `dtype` defaults to f32 for zoo and checkpoint models (the checkpoint's own dtype is a choice,
-    not a default: numerics checks run at f32 unless asked). UserError when nothing matches.
+    not a default: numerics checks run at f32 unless asked). A tied config whose checkpoint stores an
+    `lm_head.weight` other than its embedding gets its own head, as transformers loads it (the config
+    becomes untied). UserError when nothing matches.
     """
     from polymorph.knobs import knobs
 
@@ -141,6 +144,8 @@ def load_model(
             path / "model.safetensors.index.json"
         ).exists()
         checkpoint = path if has_weights else None
+        if checkpoint is not None and cfg.tie_word_embeddings and _stores_own_head(checkpoint):
+            cfg = dataclasses.replace(cfg, tie_word_embeddings=False)  # as transformers 5 loads it
     elif path.suffix == ".json" and path.is_file():
         graph = serialize.load(path)
         verify(graph)
@@ -153,3 +158,12 @@ def load_model(
     graph = build_decoder(cfg, name=name, dtype=dt, block_size=block_size, all_logits=all_logits)
     graph.meta["seed"] = seed
     return Model(name=name, graph=graph, source=source, config=cfg, checkpoint=checkpoint, seed=seed)
+
+
+def _stores_own_head(checkpoint: Path) -> bool:
+    """Whether a checkpoint of a tied config stores an `lm_head.weight` other than its embedding (read
+    only when it stores both: the headers say, then the two tensors are compared)."""
+    names = list_checkpoint(checkpoint)
+    if HEAD not in names or EMBED not in names:
+        return False
+    return stored_head_differs(load_checkpoint(checkpoint))

@@ -1,6 +1,6 @@
 """Checkpoints whose bytes cannot be the model's weights are refused with the tensor's name, never read
 as garbage: a tensor stored in another dtype of the same byte size (F16 where BF16 is meant, I32 where
-F32), and a tensor that is NaN or infinite in every element."""
+F32), a tensor that is NaN or infinite in every element, and the output head of an untied model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from polymorph.cli import main
 from polymorph.errors import UserError
 from polymorph.models import load_model
-from polymorph.models.checkpoint import save_checkpoint
+from polymorph.models.checkpoint import load_checkpoint, save_checkpoint
+from polymorph.models.weights import EMBED
 from polymorph.models.zoo import zoo_config
 
 VICTIM = "model.layers.0.mlp.down_proj.weight"
@@ -89,3 +90,53 @@ def test_the_cli_refuses_non_finite_weights_in_one_line_exit_2(tmp_path: Path, c
     assert main(["run", str(d), "--prompt", "1 2", "--new-tokens", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and VICTIM in err and err.startswith("polymorph: error:")
+
+
+def _llama_dir(path: Path, tied: bool, drop: str, tie_key: bool = True) -> Path:
+    """llama-tiny (tied or not) as a Hugging Face directory whose checkpoint lacks the tensor `drop`."""
+    cfg = replace(zoo_config("llama-tiny"), tie_word_embeddings=tied)
+    path.mkdir()
+    d = cfg.to_hf()
+    if not tie_key:
+        del d["tie_word_embeddings"]  # LlamaConfig's default: false
+    (path / "config.json").write_text(json.dumps(d))
+    weights = dict(load_model("llama-tiny").weights())
+    weights["lm_head.weight"] = np.random.default_rng(3).standard_normal(weights[EMBED].shape, np.float32) / 8
+    save_checkpoint(path, {k: v for k, v in weights.items() if k != drop})
+    return path
+
+
+@pytest.mark.parametrize("tie_key", [True, False], ids=["untied", "tie-absent"])
+def test_an_untied_checkpoint_without_its_head_is_refused(tmp_path: Path, capsys, tie_key: bool) -> None:
+    d = _llama_dir(tmp_path / "m", tied=False, drop="lm_head.weight", tie_key=tie_key)
+    refusal(d, "`lm_head.weight`", "tie_word_embeddings", "at random")
+    assert main(["run", str(d), "--prompt", "1 2", "--new-tokens", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "lm_head.weight" in err and err.startswith("polymorph: error:")
+    # what the message says of transformers: it reports the head missing and initializes it
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
+    assert info["missing_keys"] == {"lm_head.weight"}
+
+
+def test_a_tied_checkpoint_storing_only_its_head_ties_the_embedding_to_it(tmp_path: Path) -> None:
+    d = _llama_dir(tmp_path / "m", tied=True, drop=EMBED)
+    model = load_model(d)
+    assert "lm_head.weight" not in model.graph.params
+    stored = load_checkpoint(d)["lm_head.weight"]
+    np.testing.assert_array_equal(model.weights()[EMBED], stored)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d)  # ties the embedding to the stored head
+    np.testing.assert_array_equal(hf.model.embed_tokens.weight.detach().numpy(), stored)
+
+
+def test_a_tied_checkpoint_storing_its_embedding_twice_stays_tied(tmp_path: Path) -> None:
+    """Both tensors stored and equal (torch `.bin` conversions do this): transformers ties them."""
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(zoo_config("llama-tiny").to_hf()))
+    weights = dict(load_model("llama-tiny").weights())
+    save_checkpoint(path, {**weights, "lm_head.weight": weights[EMBED].copy()})
+    model = load_model(path)
+    assert model.config is not None and model.config.tie_word_embeddings
+    assert "lm_head.weight" not in model.graph.params

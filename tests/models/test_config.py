@@ -164,7 +164,7 @@ def test_qwen3_moe_from_transformers(tmp_path: Path, norm_topk_prob: bool) -> No
     assert cfg.param_count() == _params(transformers, hf)
 
 
-@pytest.mark.parametrize("family", ["llama", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"])
 def test_to_hf_round_trips_through_transformers(tmp_path: Path, family: str) -> None:
     transformers = pytest.importorskip("transformers")
     d: dict[str, Any] = {"model_type": family, **TINY, "torch_dtype": "float32"}
@@ -172,8 +172,12 @@ def test_to_hf_round_trips_through_transformers(tmp_path: Path, family: str) -> 
         d.update(rope_theta=500000.0, rope_scaling=dict(LLAMA3_SCALING), tie_word_embeddings=True)
     elif family == "mixtral":
         d.update(num_local_experts=4, num_experts_per_tok=2)
-    else:
+    elif family == "qwen3_moe":
         d.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=16)
+    elif family == "qwen3":
+        d.update(head_dim=16, attention_bias=True)
+    elif family == "mistral":
+        d.update(sliding_window=None)
     cfg = ModelConfig.from_hf(d, "hand")
     out = cfg.to_hf()
     assert ModelConfig.from_hf(out, "to_hf") == cfg
@@ -243,7 +247,7 @@ def test_errors_name_the_file_and_the_fault(tmp_path: Path) -> None:
     base = {"model_type": "llama", **TINY}
     assert "not valid JSON" in _error(tmp_path, '{"model_type": "llama",')
     msg = _error(tmp_path, {**base, "model_type": "gpt2"})
-    assert "'gpt2'" in msg and "llama, mixtral, qwen3_moe" in msg
+    assert "'gpt2'" in msg and "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe" in msg
     no_model_type = {k: v for k, v in base.items() if k != "model_type"}
     assert "`model_type` is missing" in _error(tmp_path, no_model_type)
     no_hidden = {k: v for k, v in base.items() if k != "hidden_size"}
@@ -315,3 +319,186 @@ def test_param_count_by_hand() -> None:
     assert cfg.weight_bytes(2) == 2_471_628_800
     untied = ModelConfig.from_hf({**llama_1b, "tie_word_embeddings": False}, "untied")
     assert untied.param_count() == cfg.param_count() + 128256 * 2048
+
+
+def _dense(transformers: Any, family: str, **kw: Any) -> Any:
+    cls = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig"}[family]
+    return getattr(transformers, cls)(**TINY, **kw)
+
+
+@pytest.mark.parametrize(
+    ("family", "kw"),
+    [
+        ("qwen2", {}),
+        (
+            "qwen2",
+            {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+        ),
+        ("qwen3", {"head_dim": 16}),
+        ("qwen3", {"head_dim": 16, "attention_bias": True, "tie_word_embeddings": True}),
+        ("mistral", {"sliding_window": None}),
+        (
+            "mistral",
+            {"sliding_window": None, "head_dim": 16, "rope_parameters": LLAMA3_SCALING | {"rope_theta": 5e5}},
+        ),
+    ],
+    ids=["qwen2", "qwen2-tied", "qwen3", "qwen3-bias-tied", "mistral", "mistral-head_dim-llama3"],
+)
+def test_dense_families_from_transformers(tmp_path: Path, family: str, kw: dict[str, Any]) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = _dense(transformers, family, **kw)
+    _, written = _save(tmp_path, hf)
+    cfg = load_config(tmp_path)
+    assert cfg.model_type == family and not cfg.is_moe and cfg.num_experts is None
+    assert cfg.qk_norm is (family == "qwen3")
+    assert cfg.qkv_bias is (family == "qwen2" or bool(kw.get("attention_bias")))
+    assert cfg.o_bias is bool(kw.get("attention_bias"))
+    assert cfg.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    assert cfg.tie_word_embeddings is bool(kw.get("tie_word_embeddings"))
+    assert cfg.rms_norm_eps == hf.rms_norm_eps and cfg.max_position_embeddings == hf.max_position_embeddings
+    want = hf.rope_parameters
+    assert (cfg.rope.theta, cfg.rope.rope_type) == (want["rope_theta"], want["rope_type"])
+    assert ModelConfig.from_hf(_to_v4(written), "v4") == ModelConfig.from_hf(_to_v5(written), "v5") == cfg
+    assert cfg.param_count() == _params(transformers, hf)
+
+
+def test_qwen3_head_dim_defaults_to_128_as_in_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    d = {"model_type": "qwen3", **TINY}
+    assert ModelConfig.from_hf(d, "x").head_dim == transformers.Qwen3Config(**TINY).head_dim == 128
+    assert ModelConfig.from_hf({**d, "model_type": "qwen2"}, "x").head_dim == 8
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        # the silent case of issue 15: transformers 5 applies the rope_scaling next to rope_parameters
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_scaling": LLAMA3_SCALING},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_scaling": LLAMA3_SCALING | {"rope_theta": 5e5}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": LLAMA3_SCALING},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": LLAMA3_SCALING, "rope_theta": 2.5e5},
+        {"rope_parameters": LLAMA3_SCALING | {"rope_theta": 1e4}, "rope_scaling": None},
+        {"rope_parameters": LLAMA3_SCALING | {"rope_theta": 1e4}, "rope_scaling": {"rope_type": "default"}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": {}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5},
+        {"rope_parameters": {"rope_type": "default"}, "rope_theta": 2.5e5},
+        {"rope_parameters": {k: v for k, v in LLAMA3_SCALING.items() if k != "original_max_position_embeddings"}},
+        {"rope_scaling": {"type": "llama3", **{k: v for k, v in LLAMA3_SCALING.items() if k != "rope_type"}}, "rope_theta": 5e5},
+    ],
+    ids=["both-forms", "scaling-theta", "params-theta-lost", "top-theta", "params-llama3", "scaling-default",
+         "scaling-empty", "params-theta-wins", "top-theta-fills", "no-original-max", "v4-type"],
+)  # fmt: skip
+def test_rope_precedence_matches_transformers(tmp_path: Path, rope: dict[str, Any]) -> None:
+    """Whatever mix of the two rope forms a config.json holds, the rope is the one transformers 5 uses."""
+    transformers = pytest.importorskip("transformers")
+    d = {"model_type": "llama", **TINY, "max_position_embeddings": 256, **rope}
+    path = _write(tmp_path, d)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    got = load_config(path).rope
+    assert (got.rope_type, got.theta) == (hf["rope_type"], hf["rope_theta"])
+    if got.rope_type == "llama3":
+        fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        assert tuple(getattr(got, f) for f in fields) == tuple(hf[f] for f in fields)
+
+
+# (key, a value polymorph does not implement, a neutral value it accepts)
+UNIMPLEMENTED = [
+    ("attn_logit_softcapping", 50.0, None),
+    ("final_logit_softcapping", 30.0, None),
+    ("query_pre_attn_scalar", 256, 8),  # neutral: equal to head_dim
+    ("attention_multiplier", 0.015625, 8**-0.5),
+    ("partial_rotary_factor", 0.5, 1.0),
+    ("hidden_activation", "gelu_pytorch_tanh", "silu"),
+    ("embedding_multiplier", 12.0, 1.0),
+    ("residual_multiplier", 0.22, 1.0),
+    ("logits_scaling", 16.0, 1.0),
+    ("logit_scale", 0.0625, None),
+    ("clip_qkv", 8.0, None),
+    ("attention_chunk_size", 8192, None),
+    ("use_qk_norm", True, False),
+    ("use_bidirectional_attention", True, False),
+]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize(("key", "bad", "neutral"), UNIMPLEMENTED, ids=[u[0] for u in UNIMPLEMENTED])
+def test_unimplemented_fields_are_refused_by_name(
+    tmp_path: Path, family: str, key: str, bad: Any, neutral: Any
+) -> None:
+    base = {"model_type": family, **TINY, "sliding_window": None}
+    msg = _error(tmp_path, {**base, key: bad})
+    assert f"`{key}`={bad!r}" in msg and "not implemented" in msg
+    assert ModelConfig.from_hf({**base, key: neutral}, "x") == ModelConfig.from_hf(base, "x")
+
+
+def test_partial_rotary_inside_rope_parameters_and_per_layer_rope_are_refused(tmp_path: Path) -> None:
+    base = {"model_type": "llama", **TINY}
+    rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
+    assert "partial_rotary_factor=0.25" in _error(tmp_path, {**base, "rope_parameters": rope})
+    nested = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    assert "rope per layer type (full_attention, sliding_attention)" in _error(
+        tmp_path, {**base, "rope_parameters": nested}
+    )
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+        {"quant_method": "mxfp4"},
+        {"quant_method": "awq", "bits": 4, "group_size": 128},
+        {"quant_method": "gptq", "bits": 4},
+    ],
+    ids=lambda q: q["quant_method"],
+)
+def test_quantized_checkpoints_are_refused_by_name(tmp_path: Path, quant: dict[str, Any]) -> None:
+    msg = _error(tmp_path, {"model_type": "qwen3", **TINY, "quantization_config": quant})
+    assert f"`quantization_config` (quant_method {quant['quant_method']!r})" in msg and "unquantized" in msg
+
+
+def test_sliding_windows_are_refused_until_windowed_attention_exists(tmp_path: Path) -> None:
+    mistral = {"model_type": "mistral", **TINY}
+    msg = _error(tmp_path, {**mistral, "sliding_window": 4096})
+    assert "sliding_window=4096" in msg and "no windowed attention yet" in msg
+    # absent: transformers' MistralConfig default, 4096, applies
+    assert "absent from config.json" in _error(tmp_path, mistral)
+    assert ModelConfig.from_hf({**mistral, "sliding_window": None}, "x").model_type == "mistral"
+    assert "sliding_window=4096" in _error(
+        tmp_path, {**mistral, "model_type": "llama", "sliding_window": 4096}
+    )
+
+    qwen2 = {"model_type": "qwen2", **TINY, "sliding_window": 4096}
+    ModelConfig.from_hf(qwen2, "off")  # use_sliding_window false (the default): full attention
+    ModelConfig.from_hf({**qwen2, "use_sliding_window": True, "max_window_layers": 2}, "no layer reaches it")
+    ModelConfig.from_hf({**qwen2, "use_sliding_window": True, "sliding_window": None}, "no window")
+    msg = _error(tmp_path, {**qwen2, "use_sliding_window": True, "max_window_layers": 1})
+    assert "use_sliding_window=true" in msg and "no windowed attention yet" in msg
+    qwen3 = {**qwen2, "model_type": "qwen3", "use_sliding_window": True}
+    ModelConfig.from_hf(qwen3, "max_window_layers 28 (the default) >= 2 layers")
+    assert "use_sliding_window=true" in _error(tmp_path, {**qwen3, "max_window_layers": 0})
+    moe = {**qwen3, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 16}  # fmt: skip
+    assert "use_sliding_window=true" in _error(tmp_path, moe)  # Qwen3-MoE windows every layer
+    full = ["full_attention", "full_attention"]
+    ModelConfig.from_hf({**qwen2, "layer_types": full}, "all full")
+    msg = _error(tmp_path, {**qwen2, "layer_types": ["full_attention", "sliding_attention"]})
+    assert "layer_types makes 1 of 2 layers sliding_attention (first: layer 1)" in msg
+
+
+def test_qwen_sliding_window_rules_match_transformers() -> None:
+    """Where polymorph accepts a Qwen config with a sliding_window, transformers gives every layer full
+    attention; where transformers windows a layer, polymorph refuses."""
+    transformers = pytest.importorskip("transformers")
+    for use, first in ((False, 0), (True, 2), (True, 1), (True, 0)):
+        hf = transformers.Qwen2Config(
+            **TINY, use_sliding_window=use, sliding_window=16, max_window_layers=first
+        )
+        windowed = hf.sliding_window is not None and "sliding_attention" in hf.layer_types
+        d = {"model_type": "qwen2", **TINY, "use_sliding_window": use, "sliding_window": 16,
+             "max_window_layers": first}  # fmt: skip
+        if windowed:
+            with pytest.raises(UserError, match="use_sliding_window=true"):
+                ModelConfig.from_hf(d, "x")
+        else:
+            ModelConfig.from_hf(d, "x")

@@ -1,9 +1,13 @@
 """The transformers oracle: tiny random checkpoints of each family, made and saved by transformers,
 loaded through polymorph, must give transformers' logits at prefill and at every cached greedy
-decode step, on the reference engine and on the cpu backend."""
+decode step, on the reference engine and on the cpu backend. The oracle is the model transformers'
+`from_pretrained` loads from the same directory, so checkpoints edited after saving (a tied config
+storing its own head, a config.json with both rope forms) are judged by what transformers does with
+them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -46,12 +50,37 @@ def _qwen3_moe():
     return cfg, transformers.Qwen3MoeForCausalLM
 
 
+def _qwen2():
+    return transformers.Qwen2Config(**SMALL, intermediate_size=80), transformers.Qwen2ForCausalLM
+
+
+def _qwen3():
+    cfg = transformers.Qwen3Config(**SMALL, head_dim=16, intermediate_size=80,  # head_dim != 48 / 4
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+    return cfg, transformers.Qwen3ForCausalLM
+
+
+def _mistral():
+    cfg = transformers.MistralConfig(**SMALL, intermediate_size=80, sliding_window=None)
+    return cfg, transformers.MistralForCausalLM
+
+
 FAMILIES = {
     "llama3-tied": lambda: _llama(tied=True, llama3=True),
     "llama2-untied": lambda: _llama(tied=False, llama3=False),
     "mixtral": _mixtral,
     "qwen3-moe": _qwen3_moe,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mistral": _mistral,
+    # the silent cases: a tied config whose checkpoint stores its own, different head; a config.json
+    # with rope_parameters (default) and rope_scaling (llama3) both
+    "tied-stored-head": lambda: _llama(tied=True, llama3=False),
+    "rope-both-forms": lambda: _llama(tied=False, llama3=False),
 }
+TRANSFORMERS4_FORM = ("llama3-tied", "mixtral", "qwen2", "mistral")  # the others stay in the 5 form
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 32}  # fmt: skip
 
 
 def _to_transformers4_form(config_path: Path) -> None:
@@ -65,22 +94,66 @@ def _to_transformers4_form(config_path: Path) -> None:
     config_path.write_text(json.dumps(d))
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+def _store_own_head(out: Path) -> None:
+    """Write a distinct `lm_head.weight` into a tied checkpoint saved without one."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(out / "model.safetensors")
+    assert "lm_head.weight" not in tensors
+    embed = tensors["model.embed_tokens.weight"]
+    head = np.random.default_rng(7).standard_normal(embed.shape).astype(embed.dtype) / np.sqrt(embed.shape[1])
+    save_file({**tensors, "lm_head.weight": head}, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def _add_rope_scaling(out: Path) -> None:
+    """Add a transformers-4 `rope_scaling` (llama3) beside the transformers-5 `rope_parameters`."""
+    d = json.loads((out / "config.json").read_text())
+    assert d["rope_parameters"]["rope_type"] == "default"
+    d["rope_scaling"] = dict(LLAMA3_SCALING)
+    (out / "config.json").write_text(json.dumps(d))
+
+
+# The neuron backend's JAX lowering (on XLA's CPU backend here) runs the families new in issue 15.
+NEURON_FAMILIES = ("qwen2", "qwen3", "mistral") if importlib.util.find_spec("jax") else ()
+CASES = [
+    (f, e) for f in FAMILIES for e in ("reference", "cpu", "neuron") if e != "neuron" or f in NEURON_FAMILIES
+]
+
+
+@pytest.fixture(scope="module")
 def checkpoint(request, tmp_path_factory):
     torch.manual_seed(1234)
     cfg, cls = FAMILIES[request.param]()
     model = cls(cfg).eval()
-    with torch.no_grad():  # norms away from 1 so that a missing norm weight cannot pass
+    with torch.no_grad():  # norms away from 1 and biases away from 0, so that a missing one cannot pass
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", ".bias")):
                 p.add_(0.2 * torch.randn_like(p))
     out = tmp_path_factory.mktemp(request.param)
     sharded = request.param in ("llama2-untied", "mixtral")
     model.save_pretrained(out, max_shard_size="40KB" if sharded else "1GB")
-    if request.param in ("llama3-tied", "mixtral"):
+    if request.param in TRANSFORMERS4_FORM:
         _to_transformers4_form(out / "config.json")
+    if request.param == "tied-stored-head":
+        _store_own_head(out)
+    if request.param == "rope-both-forms":
+        _add_rope_scaling(out)
     assert (out / "model.safetensors.index.json").exists() == sharded
-    return request.param, model, out
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    return request.param, oracle, out
+
+
+def _check_edit(family: str, hf_model, model) -> None:
+    """The edited checkpoints differ from their plain form in transformers itself (so that the logit
+    comparison tests the edit), and polymorph reads them the same way."""
+    if family == "tied-stored-head":
+        assert not torch.equal(hf_model.lm_head.weight, hf_model.model.embed_tokens.weight)
+        assert "lm_head.weight" in model.graph.params and model.config.tie_word_embeddings is False
+    elif family == "rope-both-forms":
+        assert hf_model.config.rope_parameters["rope_type"] == "llama3"
+        assert model.config.rope.rope_type == "llama3"
+        inv_freq = hf_model.model.rotary_emb.inv_freq.double().numpy()
+        np.testing.assert_allclose(model.config.rope.inv_freq(model.config.head_dim), inv_freq, rtol=1e-6)
 
 
 def _engine(kind: str, model):
@@ -90,10 +163,13 @@ def _engine(kind: str, model):
     return registry.get(kind).load(artifact, model.weights())
 
 
-@pytest.mark.parametrize("engine", ["reference", "cpu"])
+@pytest.mark.parametrize(
+    ("checkpoint", "engine"), CASES, indirect=["checkpoint"], ids=[f"{f}-{e}" for f, e in CASES]
+)
 def test_logits_match_transformers(checkpoint, engine):
     family, hf_model, path = checkpoint
     model = load_model(path, all_logits=True)
+    _check_edit(family, hf_model, model)
     tol = model_tolerance(DType.F32)
     rng = np.random.default_rng()
     prompt = rng.integers(0, hf_model.config.vocab_size, size=(1, 11))
