@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polymorph.errors import UserError
 from polymorph.hardware.profile import load_profile
@@ -18,11 +19,14 @@ from polymorph.ir import serialize
 from polymorph.knobs import knobs
 from polymorph.models import Model, load_model
 from polymorph.passes import bucket_bindings
-from polymorph.pipeline.backend import Artifact, Executable, registry
+from polymorph.pipeline.backend import Artifact, Executable, check_profile, registry
 from polymorph.pipeline.plan import Plan
 from polymorph.serving.session import Generation, ReferenceExecutable, Sampler, generate
 from polymorph.serving.traffic import TrafficShape
 from polymorph.verify import VerifyResult, verify_executable
+
+if TYPE_CHECKING:
+    from polymorph.pipeline.stages import Compilation
 
 
 @dataclass(frozen=True)
@@ -30,22 +34,50 @@ class Bucket:
     batch: int
     ctx: int
     weight: float = 1.0
+    seq: int = 1  # new tokens per sequence: 1 for a decode step, the prompt length for a prefill
 
 
 def as_model(model: str | Path | Model, **options: object) -> Model:
     return model if isinstance(model, Model) else load_model(model, **options)  # type: ignore[arg-type]
 
 
-def pick_bucket(batch: int | None, ctx: int | None, traffic: str | Path | None) -> Bucket:
-    """The traffic bucket a plan is specialized and predicted for: --batch/--ctx, or the heaviest
-    bucket of a traffic file (default batch 1 at 1024 tokens of context: batch-1 decode)."""
+def pick_bucket(
+    batch: int | None,
+    ctx: int | None,
+    traffic: str | Path | None,
+    *,
+    prefill: int | None = None,
+    phase: str = "decode",
+) -> Bucket:
+    """The traffic bucket a plan is specialized and predicted for: --batch/--ctx (one decode step;
+    default batch 1 at 1024 tokens of context), --prefill N (a prefill of N prompt tokens for each of
+    --batch sequences, default 1), or the heaviest bucket of a traffic file for `phase` (decode: the
+    decode steps' (batch, context) buckets; prefill: its prompt-length buckets, batch 1)."""
+    if phase not in ("decode", "prefill"):
+        raise UserError(f"--phase is decode or prefill, not {phase!r}")
     if traffic is not None:
-        if batch is not None or ctx is not None:
-            raise UserError("give either --traffic or --batch/--ctx, not both")
+        if batch is not None or ctx is not None or prefill is not None:
+            raise UserError("give either --traffic or --batch/--ctx/--prefill, not both")
         shape = TrafficShape.load(traffic)
+        if phase == "prefill":
+            top = max(shape.prefill_buckets(), key=lambda b: b.weight)
+            return Bucket(1, top.ctx_hi, top.weight, seq=top.ctx_hi)
         top = max(shape.buckets(), key=lambda b: b.weight)
         return Bucket(top.batch, top.ctx_hi, top.weight)
+    if phase == "prefill" and prefill is None:
+        raise UserError(
+            "--phase prefill reads a traffic file's prompt lengths; give --traffic, or --prefill N"
+        )
     batch = 1 if batch is None else batch
+    if prefill is not None:
+        if isinstance(prefill, bool) or prefill < 1:
+            raise UserError(f"--prefill is the prompt length in tokens and must be at least 1, got {prefill}")
+        if ctx is not None and ctx < prefill:
+            raise UserError(f"--ctx {ctx} cannot hold a prefill of {prefill} tokens; use --ctx >= --prefill")
+        ctx = prefill if ctx is None else ctx
+        if batch < 1:
+            raise UserError("--batch must be positive")
+        return Bucket(batch, ctx, seq=prefill)
     ctx = 1024 if ctx is None else ctx
     if batch < 1 or ctx < 1:
         raise UserError("--batch and --ctx must be positive")
@@ -111,25 +143,61 @@ def compile(
     *,
     batch: int | None = None,
     ctx: int | None = None,
+    prefill: int | None = None,
     traffic: str | Path | None = None,
+    phase: str = "decode",
     force: bool = False,
+    stages: str | Path | None = None,
 ) -> Artifact:
-    """Lower and compile `model` for `target` (a profile id; default: the backend's first chip).
+    """Lower and compile `model` for `target` (a profile id; default: the backend's first chip), through
+    the compile stages (polymorph/pipeline/stages.py), each run once.
 
-    Needs no device. Costs and predicted times in the report are for one decode step at the bucket.
-    `out` must be missing, empty or a previous compile output unless `force` (polymorph/cli/outdir.py).
+    Needs no device. The bucket is one decode step (batch, ctx), a prefill of `prefill` prompt tokens
+    per sequence, or the heaviest bucket of a traffic file for its `phase` (decode or prefill);
+    costs and predicted times in the report are for one step at that bucket. `out` must be missing,
+    empty or a previous compile output unless `force` (polymorph/cli/outdir.py); `stages`, a folder
+    of the same kind, receives each stage's product.
     """
     from polymorph.cli.outdir import claim_out
+    from polymorph.pipeline.stages import run_stages
+
+    c = compilation(
+        model, backend, target, batch=batch, ctx=ctx, prefill=prefill, traffic=traffic, phase=phase
+    )
+    if out is not None:
+        claim_out(out, "compile", force=force)
+        c.out_dir = Path(out)
+    dump = None
+    if stages is not None:
+        claim_out(stages, "compile --stages", force=force)
+        dump = Path(stages)
+    artifact = run_stages(c, dump=dump).artifact
+    assert artifact is not None
+    return artifact
+
+
+def compilation(
+    model: str | Path | Model,
+    backend: str | None = None,
+    target: str | None = None,
+    *,
+    batch: int | None = None,
+    ctx: int | None = None,
+    prefill: int | None = None,
+    traffic: str | Path | None = None,
+    phase: str = "decode",
+) -> Compilation:
+    """The input of the compile stages: the model's graph, the backend, its profile (loaded here,
+    once) and the bucket's bindings."""
+    from polymorph.pipeline.stages import Compilation
 
     m = as_model(model)
     b = registry.get(backend or knobs.backend)
     profile = load_profile(target or b.targets[0], knobs.calibration_dir)
-    bucket = pick_bucket(batch, ctx, traffic)
-    if out is not None:
-        claim_out(out, "compile", force=force)
-    plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
-    plan.model = m.source
-    return b.compile(plan, Path(out) if out is not None else None)
+    check_profile(b, profile)
+    bucket = pick_bucket(batch, ctx, traffic, prefill=prefill, phase=phase)
+    bindings = bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx, seq=bucket.seq)
+    return Compilation(b, profile, m.graph, bindings, model=m.source)
 
 
 def lower(
@@ -139,18 +207,17 @@ def lower(
     *,
     batch: int | None = None,
     ctx: int | None = None,
+    prefill: int | None = None,
     traffic: str | Path | None = None,
 ) -> Artifact:
     """The plan `compile` makes, with its report, but no device code: for runtimes that build their
     kernels themselves on load (the engine, the Triton JIT), so nothing is compiled twice."""
     from polymorph.cost.model import plan_report
+    from polymorph.pipeline.stages import run_stages
 
-    m = as_model(model)
-    b = registry.get(backend or knobs.backend)
-    profile = load_profile(target or b.targets[0], knobs.calibration_dir)
-    bucket = pick_bucket(batch, ctx, traffic)
-    plan = b.lower(m.graph, profile, bucket_bindings(m.graph, batch=bucket.batch, ctx=bucket.ctx))
-    plan.model = m.source
+    c = compilation(model, backend, target, batch=batch, ctx=ctx, prefill=prefill, traffic=traffic)
+    plan = run_stages(c, until="plan").plan
+    assert plan is not None
     return Artifact(plan, plan_report(plan, resources_of=lambda group: {}), None)
 
 
@@ -160,7 +227,10 @@ def load(artifact: Artifact, model: str | Path | Model | None = None) -> Executa
     meta = plan.graph.meta
     options = {k: meta[k] for k in ("dtype", "block_size", "all_logits", "seed") if k in meta}
     m = as_model(model if model is not None else plan.model, **options)
-    if serialize.content_hash(m.graph) != serialize.content_hash(plan.graph):
+    from polymorph.passes import dce
+
+    # The plan holds the graph after the compile stages' dce; the model's graph is compared the same way.
+    if serialize.content_hash(dce(m.graph)) != serialize.content_hash(plan.graph):
         raise UserError(f"model `{m.name}` no longer builds the graph this plan was compiled from; recompile")
     return registry.get(plan.backend).load(artifact, m.weights())
 

@@ -243,13 +243,45 @@ class PathKnob(Knob[Path]):
         return "none" if self._default_text is None else self._default_text
 
 
+class PathListKnob(Knob[tuple[Path, ...]]):
+    """Filesystem paths separated by `os.pathsep` (`:` on POSIX), in order, `~` expanded at access
+    time; empty entries are skipped. Existence is the reader's business."""
+
+    kind = "paths"
+    expects = f"filesystem paths separated by {os.pathsep!r}"
+
+    def parse(self, raw: str) -> tuple[Path, ...]:
+        if "\x00" in raw:
+            raise self.bad(raw)
+        paths = tuple(Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip())
+        if not paths:
+            raise self.bad(raw)
+        return paths
+
+    def check(self, value: object) -> tuple[Path, ...]:
+        if isinstance(value, (str, os.PathLike)):
+            return self.parse(os.fspath(value))  # type: ignore[arg-type]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, os.PathLike)) for v in value):
+            raise self.bad(repr(value))
+        return self.parse(os.pathsep.join(os.fspath(v) for v in value))  # type: ignore[misc]
+
+    def default(self) -> tuple[Path, ...]:
+        return ()
+
+    def default_text(self) -> str:
+        return "none"
+
+    def format(self, value: tuple[Path, ...]) -> str:
+        return os.pathsep.join(str(p) for p in value)
+
+
 @dataclass(frozen=True)
 class KnobInfo:
     """One row of `knobs.describe()`: for `polymorph knobs` and the README table."""
 
     name: str  # attribute on `knobs`, e.g. "kv_block_size"
     env: str  # e.g. "POLYMORPH_KV_BLOCK_SIZE"
-    kind: str  # bool, int, float, str, path
+    kind: str  # bool, int, float, str, path, paths
     default: str  # rendered default ("none" when there is none)
     value: Any  # current typed value
     source: str  # "default", "environment" or "override"
@@ -263,6 +295,12 @@ class Knobs:
         "POLYMORPH_CALIBRATION_DIR",
         None,
         "directory of measured hardware calibration; unset: the checkout's hwprofiles/measured",
+    )
+    profile_dirs = PathListKnob(
+        "POLYMORPH_PROFILES",
+        None,
+        "extra directories of hardware profiles (<id>.toml, searched after the shipped hwprofiles/); "
+        "a new chip is one file there",
     )
     cache_dir = PathKnob(
         "POLYMORPH_CACHE_DIR",

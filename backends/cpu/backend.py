@@ -25,6 +25,7 @@ class CpuBackend(KernelLibraryBackend):
         {Feature.RUN, Feature.MEASURE, Feature.HOT_RELOAD, Feature.ENGINE, Feature.FORK_LOADED}
     )
     patterns: ClassVar[tuple[str, ...]] = CPU_PATTERNS
+    default_dtype: ClassVar[str] = "f32"  # what `compile`/`run`/`verify` load a model in without --dtype
     library_calls: ClassVar[Mapping[str, str]] = dict.fromkeys(
         ("linear", "attention", "moe", "swiglu", "linear_residual"), "torch"
     )

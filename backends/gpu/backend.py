@@ -13,7 +13,6 @@ from polymorph.backends import device_probe
 from polymorph.cost.model import plan_report
 from polymorph.errors import UserError
 from polymorph.hardware.target import Target
-from polymorph.passes import specialize
 from polymorph.pipeline.backend import Artifact, Capability, Feature, Probe
 from polymorph.pipeline.kernel_files import KernelFile, copy_kernel_sources, load_choice
 from polymorph.pipeline.lowering import KernelLibraryBackend, kernel_spec
@@ -104,23 +103,20 @@ class TritonBackend(KernelLibraryBackend):
         missing = sorted(plan.graph.symbols() - set(plan.bindings))
         if missing:
             raise UserError(f"compiling for {target} needs concrete dims; {', '.join(missing)} have none")
-        concrete = specialize(plan.graph, plan.bindings)
-        types = concrete.types()
+        concrete, types = plan.concrete()  # the specialized stage's, when the stages made the plan
+        chip = plan.kernel_target()  # the traits of the chip it was lowered for (its loaded profile)
         compiled: dict[str, Any] = {}  # specialization key -> CompiledUnit (identical layers compile once)
         resources: dict[str, dict[str, Any]] = {}
         files: dict[str, list[str]] = {}
         for group in plan.groups:
             kernel = load_choice(group.kernel.file, group.kernel.sha256)
-            spec = kernel_spec(concrete, group, types, target)
-            units = kernel.compile_units(spec, group.kernel.config, target)
-            resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled)
-            resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, target)
+            spec = kernel_spec(concrete, group, types, chip)
+            units = kernel.compile_units(spec, group.kernel.config, chip)
+            resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled, chip)
+            resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, chip)
         artifact = Artifact(plan, plan_report(plan, resources_of=lambda g: resources[g.id]), out_dir)
-        spills = [k for k in artifact.report.kernels if (k.resources.get("spill_bytes") or 0) > 0]
-        for k in spills:
-            artifact.report.warnings.append(
-                f"{k.group}: {k.resources['spill_bytes']} bytes spilled to local memory"
-            )
+        for k in artifact.report.kernels:
+            artifact.report.warnings += resource_warnings(k.group, k.resources)
         if out_dir is not None:
             device = out_dir / "device"
             device.mkdir(parents=True, exist_ok=True)
@@ -149,22 +145,21 @@ def launch_counts(plan: Plan) -> dict[str, int]:
     """The kernels each group of `plan` launches per call at its bindings, for the cost model
     (KernelFile.launches: its compile units unless the file counts otherwise; one library call for a
     group with no kernel of ours). Each kernel file is loaded once."""
-    target = Target.parse(plan.target)
-    concrete = specialize(plan.graph, plan.bindings)
-    types = concrete.types()
+    concrete, types = plan.concrete()
+    chip = plan.kernel_target()
     files: dict[str, KernelFile] = {}
     counts = {}
     for group in plan.groups:
         key = group.kernel.sha256
         if key not in files:
             files[key] = load_choice(group.kernel.file, key)
-        spec = kernel_spec(concrete, group, types, target)
-        counts[group.id] = files[key].launches(spec, group.kernel.config, target)
+        spec = kernel_spec(concrete, group, types, chip)
+        counts[group.id] = files[key].launches(spec, group.kernel.config, chip)
     return counts
 
 
 def _compile_group(
-    kernel: KernelFile, units: list, target: Target, compiled: dict[str, Any]
+    kernel: KernelFile, units: list, target: Target, compiled: dict[str, Any], traits: Any = None
 ) -> tuple[dict[str, Any], list[str]]:
     """Compile a group's units (reusing identical ones); merge their resources for the report."""
     from polymorph.backends.gpu.aot import compile_unit
@@ -178,17 +173,49 @@ def _compile_group(
                           sorted(unit.options.items())], default=str)  # fmt: skip
         key = f"{re.sub(r'[^A-Za-z0-9_]', '_', kernel.name)}-{unit.name}-{_short_hash(kernel.sha256 + sig)}"
         if key not in compiled:
-            compiled[key] = compile_unit(unit, target)
+            compiled[key] = compile_unit(unit, target, traits)
         keys.append(key)
         merged["units"].append({"unit": unit.name, **compiled[key].resources})
-    for field in ("registers", "vgprs", "sgprs", "shared_bytes", "lds_bytes", "spill_bytes", "scratch_bytes"):
+    for field in _MERGED_MAX:
         values = [u.get(field) for u in merged["units"] if u.get(field) is not None]
         if values:
             merged[field] = max(values)
-    occupancy = [u["occupancy"] for u in merged["units"] if u.get("occupancy") is not None]
-    if occupancy:
-        merged["occupancy"] = min(occupancy)
+    kinds = sorted({u["spill_kind"] for u in merged["units"] if u.get("spill_kind")})
+    if kinds:
+        merged["spill_kind"] = ", ".join(kinds)
+    known = [u for u in merged["units"] if u.get("occupancy") is not None]
+    if known:  # the group's occupancy is its least occupied unit's, with that unit's binding limit
+        worst = min(known, key=lambda u: u["occupancy"])
+        for field in ("occupancy", "limited_by", "blocks_per_unit", "waves_per_simd"):
+            if field in worst:
+                merged[field] = worst[field]
     return merged, keys
+
+
+# Resources a group reports as the largest of its units'.
+_MERGED_MAX = ("registers", "vgprs", "vgprs_allocated", "agprs", "sgprs", "shared_bytes", "lds_bytes",
+               "spill_bytes", "spill_store_bytes", "spill_load_bytes", "stack_bytes", "scratch_bytes",
+               "vgpr_spills", "sgpr_spills")  # fmt: skip
+
+
+def resource_warnings(group: str, res: dict[str, Any]) -> list[str]:
+    """The report's warnings for one group's resources, each spill named as what it is: NVIDIA
+    register spills to local memory (ptxas' spill stores), AMD VGPR spills to scratch memory, AMD SGPR
+    spills to VGPR lanes (no memory traffic); and shared memory/LDS more than a block may take."""
+    out = []
+    if res.get("spill_store_bytes"):
+        out.append(f"{group}: ptxas spills registers to local memory: {res['spill_store_bytes']} B of spill "
+                   f"stores, {res.get('spill_load_bytes', 0)} B of spill loads, "
+                   f"{res.get('stack_bytes', 0)} B stack frame")  # fmt: skip
+    if res.get("vgpr_spills"):
+        out.append(f"{group}: {res['vgpr_spills']} VGPRs spilled to scratch memory "
+                   f"({res.get('scratch_bytes') or 0} B of scratch per lane)")  # fmt: skip
+    if res.get("sgpr_spills"):
+        out.append(f"{group}: {res['sgpr_spills']} SGPRs spilled to VGPR lanes (no memory traffic)")
+    for u in res.get("units", ()):
+        if u.get("blocks_per_unit") == 0:  # no block fits on a unit: the launch would fail
+            out.append(f"{group} ({u['unit']}) cannot launch: {u.get('note') or u.get('limited_by')}")
+    return out
 
 
 def _short_hash(text: str) -> str:

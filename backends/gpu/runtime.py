@@ -47,6 +47,7 @@ class GpuExecutable(EngineRuntime):
         self.plan = plan
         self.graph = plan.graph
         self.target = Target.parse(plan.target)
+        self.chip = plan.kernel_target()  # the traits kernels are built for, as at compile
         self.profile = load_profile(plan.profile)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
@@ -95,8 +96,8 @@ class GpuExecutable(EngineRuntime):
         out = []
         for group in plan.groups:
             kernel = load_choice(group.kernel.file, group.kernel.sha256, self.artifact_dir)
-            spec = kernel_spec(concrete_graph, group, types, self.target)
-            out.append((group, kernel.build(spec, group.kernel.config, self.target)))
+            spec = kernel_spec(concrete_graph, group, types, self.chip)
+            out.append((group, kernel.build(spec, group.kernel.config, self.chip)))
         return out
 
     def launches_for(self, bindings: Mapping[str, int]) -> list[tuple[PlanGroup, Launch]]:
@@ -146,9 +147,9 @@ class GpuExecutable(EngineRuntime):
         if key not in self._candidate_launches:
             kernel, config = self._candidates[group.id]
             graph = specialize(self.graph, bindings)
-            spec = kernel_spec(graph, group, graph.types(), self.target)
+            spec = kernel_spec(graph, group, graph.types(), self.chip)
             if kernel.supports(spec):
-                self._candidate_launches[key] = kernel.build(spec, config, self.target)
+                self._candidate_launches[key] = kernel.build(spec, config, self.chip)
             else:
                 self._candidate_launches[key] = None
                 self.fallbacks[f"{group.id} @ {dict(bindings)}"] = (
@@ -344,9 +345,9 @@ class GpuExecutable(EngineRuntime):
                 if g.id != group:
                     continue
                 kernel = load_choice(g.kernel.file, g.kernel.sha256, self.artifact_dir)
-                spec = kernel_spec(concrete_graph, g, types, self.target)
-                for config in kernel.configs_for(self.target):
-                    launch = kernel.build(spec, config, self.target)
+                spec = kernel_spec(concrete_graph, g, types, self.chip)
+                for config in kernel.configs_for(self.chip):
+                    launch = kernel.build(spec, config, self.chip)
                     med, spread, _ = time_launch(launch, ins, outs, l2_bytes=self._l2_bytes(), reps=reps)
                     out.append((config, med, spread))
                 break

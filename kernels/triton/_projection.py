@@ -21,11 +21,18 @@ from polymorph.pipeline.kernel_files import depend
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
 _INTERPRETED = _i.INTERPRETED
 round_to = _i.round_to  # the kernel files take it from here too
+# Configs and launch options per chip, from its traits.
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
-# Default tiles on CDNA3/4 for the files that share this core (not measured: no AMD machine here). wave64:
-# 4 waves are 256 lanes, so a 16-byte load a lane covers 2048 bf16 of K; MFMA-friendly tiles (multiples
-# of 32); two LDS stages; waves_per_eu as the occupancy hint.
-ROCM_CONFIGS = [
+# The tiles written for 64-wide waves (CDNA3/4; not measured: no AMD machine here), for the files that
+# share this core: 4 waves are 256 lanes, so a 16-byte load a lane covers 2048 bf16 of K; MFMA-friendly
+# tiles (multiples of 32); two LDS stages; waves_per_eu as the occupancy hint. The first tile stages
+# 96 KB of A and B (gemm_shared), which only an LDS above 64 KB holds (CDNA4's 160 KB; _targets.py
+# leaves it out elsewhere): a 256-row tile reads each W tile once for twice the rows, which should
+# help the prefill GEMMs that are compute-bound; unmeasured, so no speedup is claimed.
+WAVE64_CONFIGS = [
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
+     "block_m": 256, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
@@ -42,14 +49,14 @@ GEMV_TILE_REGS = 64  # fp32 accumulator registers a thread may hold in the GEMV
 SKINNY_MAX_M = 64  # 2 < M <= 64 (decode at batch 3-64): narrow tl.dot tiles, so enough programs stream W
 
 
-def skinny(config: dict[str, Any], m: int, target: Any) -> dict[str, Any]:
+def skinny(config: dict[str, Any], m: int, traits: Any) -> dict[str, Any]:
     """The config a launch of M rows uses: for GEMV_MAX_M < M <= SKINNY_MAX_M the GEMM tile takes the
-    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps; 4 stages on cuda, 2 on rocm's
-    smaller LDS), since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked
-    32 x 32 x 128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
+    config's skinny_* keys (defaults: block_n 32, block_k 128, 4 warps, the arch's pipeline stages),
+    since a 128-wide N tile leaves most SMs idle at N = 2048. Torch's own autotuner picked 32 x 32 x
+    128, 4 warps, for the [32, 8192] x [8192, 2048] GEMM on an H200."""
     if not GEMV_MAX_M < m <= SKINNY_MAX_M:
         return config
-    stages = 2 if target.family == "rocm" else 4
+    stages = traits.pipeline_stages
     return {**config, "block_n": config.get("skinny_block_n", 32), "block_k": config.get("skinny_block_k", 128),
             "num_warps": config.get("skinny_warps", 4), "num_stages": config.get("skinny_stages", stages)}  # fmt: skip
 
@@ -140,14 +147,28 @@ def tiles(k: int, m: int, config: dict[str, Any], elem: int, warp: int) -> dict[
             "EVEN_K": k % config["block_k"] == 0, "HINT": k % (16 // elem) == 0}  # fmt: skip
 
 
-def options(config: dict[str, Any], use_dot: bool, target: Any) -> dict[str, Any]:
+def options(config: dict[str, Any], use_dot: bool, traits: Any) -> dict[str, Any]:
     if use_dot:
         opts = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     else:
         opts = {"num_warps": config["gemv_warps"], "num_stages": 1}
-    if target.family == "rocm" and "waves_per_eu" in config:
-        opts["waves_per_eu"] = config["waves_per_eu"]
-    return opts
+    return {**opts, **_t.extra_options(config, traits)}
+
+
+def shared(config: dict[str, Any]) -> int:
+    """Shared memory / LDS (bytes, bf16 operands) the config's tl.dot tiles stage at most: its own tile
+    and the narrow one of 2 < M <= 64 (`skinny`, block_m up to 64). The swiglu file's N tile holds its
+    gate and up rows together, so one W tile a step holds for every file."""
+    own = _t.gemm_shared(config["block_m"], config["block_n"], config["block_k"], config["num_stages"])
+    narrow = _t.gemm_shared(SKINNY_MAX_M, config.get("skinny_block_n", 32), config.get("skinny_block_k", 128),
+                            config.get("skinny_stages", config["num_stages"]))  # fmt: skip
+    return max(own, narrow)
+
+
+def configs(warp32: list[dict[str, Any]], wave64: list[dict[str, Any]], traits: Any) -> list[dict[str, Any]]:
+    """A projection file's `configs(traits)`: its 32-wide list and the 64-wide one, mapped onto the chip
+    (_targets.py), tiles beyond the block's shared memory left out."""
+    return _t.configs_for({32: warp32, 64: wave64}, traits, shared=shared)
 
 
 def check_aligned(where: str, *tensors: Any) -> None:
@@ -193,9 +214,9 @@ def row_block(k: int) -> int:
 
 
 def launch_plan(
-    config: dict[str, Any], m: int, k: int, elem: int, target: Any
+    config: dict[str, Any], m: int, k: int, elem: int, traits: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tile constexprs, launch options) for a launch of M rows: the one source for build and AOT."""
-    cfg = skinny(config, m, target)
-    t = tiles(k, m, cfg, elem, target.warp_size)
-    return t, options(cfg, t["USE_DOT"], target)
+    cfg = skinny(config, m, traits)
+    t = tiles(k, m, cfg, elem, traits.warp_size)
+    return t, options(cfg, t["USE_DOT"], traits)

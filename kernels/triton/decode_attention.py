@@ -27,13 +27,12 @@ Constraints (supports): cuda or rocm; one cache_attention node; q and both cache
 sequence; concrete heads, kv heads and block size; head dim a power of two in [16, 256].
 
 Config keys: block_n (cache tokens per step of a split), min_split_tokens (the shortest split),
-ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages; waves_per_eu
-on rocm.
+ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages; the arch's
+launch options (waves_per_eu) where it takes them.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -52,25 +51,25 @@ MAX_SEQ = 4  # query tokens per sequence handled here; prefill_attention.py take
 # ctas_per_cu: programs per SM/CU to aim for (2: enough loads in flight per SM to stream HBM at
 # decode's tiny arithmetic intensity). On an H200 (Triton 3.6), Llama-3.2-1B heads, bf16, the first
 # config was the fastest or within 3% of it at batch 1/8/32 and 1k-8k contexts.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2},
     {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 3},
     {"block_n": 64, "min_split_tokens": 128, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 2},
     {"block_n": 256, "min_split_tokens": 256, "ctas_per_cu": 2, "num_warps": 8, "num_stages": 2},
     {"block_n": 32, "min_split_tokens": 32, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 3},
 ]
-# CDNA: wave64, so 4 warps are 256 lanes; waves_per_eu trades VGPRs for occupancy.
-_ROCM_CONFIGS = [
+# Written for 64-wide waves (CDNA; not measured): 4 warps are 256 lanes; waves_per_eu trades VGPRs
+# for occupancy.
+_WAVE64_CONFIGS = [
     {"block_n": 64, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
     {"block_n": 32, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2, "waves_per_eu": 4},
     {"block_n": 128, "min_split_tokens": 256, "ctas_per_cu": 1, "num_warps": 8, "num_stages": 1, "waves_per_eu": 1},
 ]  # fmt: skip
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 _TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
 _FLOATS = ("f32", "bf16", "f16")
 _LOG2E = 1.4426950408889634
-_DEFAULT_COMPUTE_UNITS = 132
 
 
 # Triton's interpreter multiplies bfloat16 bit patterns in tl.dot (triton-lang/triton#11584, not
@@ -79,10 +78,12 @@ _DEFAULT_COMPUTE_UNITS = 132
 # The dots are written out in the kernels, not in a helper: each @jit call costs the interpreter ~5 ms.
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
 _UPCAST_DOT = _i.INTERPRETED
+# Configs and launch options per chip, from its traits.
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits)
 
 
 @triton.jit
@@ -210,22 +211,6 @@ def _decode_reduce_kernel(
 # --- choosing the work split -------------------------------------------------------------------------
 
 
-@functools.cache
-def _compute_units(target: Any) -> int:
-    """SMs/CUs of the smallest shipped chip of `target`'s arch (vendor figures, so a plan is the same
-    wherever it is made); 132 (H100/H200) where no profile names the arch."""
-    from polymorph.hardware import profile as hw
-
-    counts = []
-    for pid in hw.list_profiles():
-        profile = hw.load_profile(pid)
-        if profile.target == target:
-            units = profile.compute_units(calibrated=False)
-            if units:
-                counts.append(units)
-    return min(counts) if counts else _DEFAULT_COMPUTE_UNITS
-
-
 def _split_plan(
     batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], units: int
 ) -> tuple[int, int, int]:
@@ -312,11 +297,12 @@ def _params(
     return split, reduce
 
 
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    if target.family == "rocm" and "waves_per_eu" in config:
-        options["waves_per_eu"] = config["waves_per_eu"]
-    return options
+def _options(config: dict[str, Any], traits: Any) -> dict[str, Any]:
+    return {
+        "num_warps": config["num_warps"],
+        "num_stages": config["num_stages"],
+        **_t.extra_options(config, traits),
+    }
 
 
 def _reduce_options(reduce: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +310,7 @@ def _reduce_options(reduce: dict[str, Any]) -> dict[str, Any]:
     return {"num_warps": max(1, min(8, reduce["SPLITS_P2"] * reduce["D"] // 1024)), "num_stages": 1}
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     node = spec.single
     args = spec.args(node)
     scale = spec.attrs()["scale"]
@@ -332,8 +318,8 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     _, s, h, d = q_t.shape
     _, bs, hkv, _ = kc_t.shape
     dtype = str(q_t.dtype)
-    options = _options(config, target)
-    units = _compute_units(target)
+    options = _options(config, traits)
+    units = traits.units
     cache: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -368,7 +354,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
@@ -383,7 +369,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         )
     dtype = str(q_t.dtype)
     split, reduce = _params(
-        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, _compute_units(target)
+        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits.units
     )
     data, table, pos = (
         "*" + _TRITON_DTYPE[dtype],
@@ -405,7 +391,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     }
     units = [
         CompileUnit(
-            "decode_attention.split", _decode_split_kernel, split_sig, split, _options(config, target)
+            "decode_attention.split", _decode_split_kernel, split_sig, split, _options(config, traits)
         )
     ]
     if split["NUM_SPLITS"] > 1:
@@ -425,9 +411,10 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     return units
 
 
-def occupancy(batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], target: Any) -> dict[str, Any]:
-    """How the split heuristic fills `target` at one shape (for reports and the tuner's notes)."""
-    units = _compute_units(target)
+def occupancy(batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], traits: Any) -> dict[str, Any]:
+    """How the split heuristic fills the chip `traits` describes at one shape (for reports and the
+    tuner's notes); `traits.units` is the smallest chip of its arch (traits_for)."""
+    units = traits.units
     splits, split_tokens, block_n = _split_plan(batch, hkv, ctx_tokens, config, units)
     ctas = batch * hkv * splits
     return {

@@ -11,7 +11,7 @@ Every op computes in fp32 and rounds once to its output dtype, as the reference 
   last axis (the lm_head's vocab).
 - cast: between f32, bf16, f16 and i32 (float -> int truncates toward zero, as numpy's astype).
 
-Config keys: block (flat ops), block_l, block_inner (reductions), num_warps; waves_per_eu on rocm.
+Config keys: block (flat ops), block_l, block_inner (reductions), num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; float operands bf16, f16 or f32 (argmax also i32, cast also i32
 either way); rank <= 4 for mul and add; contiguous tensors.
 """
@@ -33,8 +33,8 @@ CONFIGS = [
     {"block": 256, "block_l": 64, "block_inner": 16, "num_warps": 2},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -192,12 +192,12 @@ def _strides(t: Any, shape: tuple[int, ...]) -> tuple[bool, list[int]]:
     return False, [0] * (4 - len(strides)) + strides
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     node = spec.single
     args = spec.args(node)
     attrs = spec.attrs()
     op = node.op
-    opts = _t.launch_options(config, target)
+    opts = _t.launch_options(config, traits)
     block = config["block"]
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -238,7 +238,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
@@ -246,7 +246,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     x_t = spec.types[node.inputs[0]]
     out_t = spec.types[node.outputs[0]]
     x_ptr, y_ptr = "*" + _TYPES[str(x_t.dtype)], "*" + _TYPES[str(out_t.dtype)]
-    opts = {**_t.launch_options(config, target), "num_stages": 1}
+    opts = {**_t.launch_options(config, traits), "num_stages": 1}
     block = config["block"]
     if node.op == "cast":
         consts = {"BLOCK": block}

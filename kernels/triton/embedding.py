@@ -5,7 +5,7 @@ vector loads and stores along D. An id outside [0, V) reads nothing and writes z
 raises there (or wraps a negative id, numpy-style), and a kernel cannot raise, so it keeps its reads
 inside the table instead.
 
-Config keys: block_d (columns a program copies), num_warps; waves_per_eu on rocm.
+Config keys: block_d (columns a program copies), num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; table and output of one float dtype (bf16, f16, f32); ids i32
 or i64; concrete V and D; contiguous tensors.
 """
@@ -27,8 +27,8 @@ CONFIGS = [
     {"block_d": 8192, "num_warps": 8},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -65,11 +65,11 @@ def _consts(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
     return {"V": v, "D": d, "BLOCK_D": min(config["block_d"], triton.next_power_of_2(d))}
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     table_i, ids_i = spec.args(spec.single)
     consts = _consts(spec, config)
     grid_d = triton.cdiv(consts["D"], consts["BLOCK_D"])
-    opts = _t.launch_options(config, target)
+    opts = _t.launch_options(config, traits)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         ids = inputs[ids_i]
@@ -80,7 +80,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     table, ids = (spec.types[v] for v in spec.single.inputs)
@@ -94,6 +94,6 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
     }
     return [
         CompileUnit(
-            "embedding", _embedding, sig, consts, {**_t.launch_options(config, target), "num_stages": 1}
+            "embedding", _embedding, sig, consts, {**_t.launch_options(config, traits), "num_stages": 1}
         )
     ]

@@ -7,7 +7,7 @@ One program copies block columns of one token's row (Hkv * Dh values). A token w
 outside its block table writes nothing (the reference raises there; a kernel keeps its writes inside
 the cache instead). Cache offsets are 64-bit: a pool can exceed 2**31 elements.
 
-Config keys: block (row values a program copies), num_warps; waves_per_eu on rocm.
+Config keys: block (row values a program copies), num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; x and cache of one float dtype (bf16, f16, f32); block_table and
 positions i32; concrete block size, heads and head_dim; contiguous tensors.
 """
@@ -29,8 +29,8 @@ CONFIGS = [
     {"block": 4096, "num_warps": 8},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -70,11 +70,11 @@ def _consts(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
     return {"BS": bs, "ROW": hkv * dh, "BLOCK": min(config["block"], triton.next_power_of_2(hkv * dh))}
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     _, x_i, table_i, pos_i = spec.args(spec.single)
     consts = _consts(spec, config)
     grid_row = triton.cdiv(consts["ROW"], consts["BLOCK"])
-    opts = _t.launch_options(config, target)
+    opts = _t.launch_options(config, traits)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         pos, table = inputs[pos_i], inputs[table_i]
@@ -86,7 +86,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     consts = _consts(spec, config)
@@ -95,6 +95,6 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
            "CTX_BLOCKS": "i32", **dict.fromkeys(consts, "constexpr")}  # fmt: skip
     return [
         CompileUnit(
-            "kv_write", _kv_write, sig, consts, {**_t.launch_options(config, target), "num_stages": 1}
+            "kv_write", _kv_write, sig, consts, {**_t.launch_options(config, traits), "num_stages": 1}
         )
     ]

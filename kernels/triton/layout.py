@@ -20,7 +20,7 @@ def supports(spec: Any) -> bool:
     return spec.target.is_gpu and len(spec.nodes) == 1 and spec.single.op in IMPLEMENTS
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     node = spec.single
     args = spec.args(node)
     attrs = spec.attrs()

@@ -23,7 +23,7 @@ GEMM (prefill): tl.dot tiles of block_m x block_n x block_k (wgmma on Hopper whe
   num_stages-deep software pipelining. block_m shrinks to the next power of two >= max(M, 16).
 
 Config keys: gemv_block_n, gemv_block_k, gemv_warps, split_k (GEMV); block_m, block_n, block_k,
-num_warps, num_stages, group_m (GEMM); waves_per_eu on rocm. One config carries a setting for each
+num_warps, num_stages, group_m (GEMM); the arch's launch options (waves_per_eu) where it takes them. One config carries a setting for each
 path; a shape takes only one path, so the list zips the two spaces instead of taking their product.
 
 Constraints (supports): cuda or rocm target; x, w, bias and y of one float dtype (bf16, f16, f32);
@@ -49,7 +49,7 @@ IMPLEMENTS = "linear"
 # at 8192x2048, 3.9 at 16384x2048, 4.5 at 128256x2048 (the copy bandwidth, read + write, is 4.2-4.3).
 # GEMM: 128x128x64 with 8 warps and 4 stages gave 564 TFLOP/s at 2048^3; 64x64x128 with 4 warps was
 # best at M=512 (378 TFLOP/s, more tiles for 132 SMs) and at M=4..16 (3.1 TB/s at M=16, N=8192).
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4, "split_k": 1,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4, "group_m": 8},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8, "split_k": 1,
@@ -61,10 +61,16 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4, "split_k": 4,
      "block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 4, "group_m": 8},
 ]  # fmt: skip
-# wave64 (not measured: no AMD machine here): 4 waves are 256 lanes, so one 16-byte load a lane covers
-# 2048 bf16 of K; MFMA-friendly tiles (multiples of 32), two LDS stages (the stream pipeliner's depth),
-# waves_per_eu as the occupancy hint.
-_ROCM_CONFIGS = [
+# Written for 64-wide waves (not measured: no AMD machine here): 4 waves are 256 lanes, so one 16-byte
+# load a lane covers 2048 bf16 of K; MFMA-friendly tiles (multiples of 32), two LDS stages (the stream
+# pipeliner's depth), waves_per_eu as the occupancy hint. The first tile stages 96 KB of A and B, so
+# only a chip whose block may take more than 64 KB of LDS keeps it (CDNA4's 160 KB): 256 rows read each
+# W tile once for twice the rows of the next, for the compute-bound prefill GEMM; unmeasured, so no
+# speedup is claimed. Where it does not fit, the 128 x 128 tile after it is the default.
+_WAVE64_CONFIGS = [
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4, "split_k": 1,
+     "block_m": 256, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "group_m": 8,
+     "waves_per_eu": 2},
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4, "split_k": 1,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "group_m": 8,
      "waves_per_eu": 2},
@@ -78,20 +84,20 @@ _ROCM_CONFIGS = [
      "block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 2, "group_m": 8,
      "waves_per_eu": 1},
 ]  # fmt: skip
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 # Rounding as compiled code rounds, under Triton's interpreter too (see _interpreter.py).
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
 _to = _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
 # (this file's GEMV splits K, so that tile is its own; its GEMM orders the tiles in groups along M).
-_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
+_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 _gemm_tile = _p.gemm_tile  # the tl.dot K loop; the grouped tile order around it is this file's
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _p.configs(_WARP32_CONFIGS, _WAVE64_CONFIGS, traits)
 
 
 # --- kernels -----------------------------------------------------------------------------------------
@@ -244,7 +250,7 @@ def _plan(n: int, k: int, m: int, config: dict[str, Any], elem: int, warp: int) 
     }  # fmt: skip
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     n, k, has_bias = _shape(spec)
     args = spec.args(spec.single)
     elem = _p.ELEM_BYTES[str(spec.types[spec.single.inputs[0]].dtype)]
@@ -259,9 +265,9 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            cfg = _p.skinny(config, m, target)
-            path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
-            plans[m] = (path, consts, _p.options(cfg, path == "gemm", target))
+            cfg = _p.skinny(config, m, traits)
+            path, consts = _plan(n, k, m, cfg, elem, traits.warp_size)
+            plans[m] = (path, consts, _p.options(cfg, path == "gemm", traits))
         path, consts, opts = plans[m]
         if consts["HINT"]:
             _p.check_aligned("linear", x, w)
@@ -286,7 +292,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     n, k, has_bias = _shape(spec)
@@ -297,10 +303,10 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         m *= int(d)
     dt = "*" + _p.FLOATS[str(x_t.dtype)]
     elem = _p.ELEM_BYTES[str(x_t.dtype)]
-    cfg = _p.skinny(config, m, target)
-    path, consts = _plan(n, k, m, cfg, elem, target.warp_size)
+    cfg = _p.skinny(config, m, traits)
+    path, consts = _plan(n, k, m, cfg, elem, traits.warp_size)
     consts = {**consts, "HAS_BIAS": has_bias}
-    opts = _p.options(cfg, path == "gemm", target)
+    opts = _p.options(cfg, path == "gemm", traits)
     ptrs = {"x_ptr": dt, "w_ptr": dt, "b_ptr": dt, "y_ptr": dt, "M": "i32"}
     if path == "gemm":
         sig = {**ptrs, **{c: "constexpr" for c in consts}}

@@ -7,7 +7,7 @@ the Llama-3.2-1B down_proj, the default launches 1024 programs), tl.dot tiles ab
 is rounded to the output dtype before the add, as the unfused graph stores it.
 
 Config keys: gemv_block_n, gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k, num_warps,
-num_stages (GEMM); waves_per_eu on rocm. Each config zips one GEMV and one GEMM setting.
+num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; x, w, bias, residual and out of one float dtype (bf16, f16,
 f32); concrete N and K with N * K < 2**31; the projection has the output's shape (a projection that
@@ -28,12 +28,12 @@ IMPLEMENTS = "linear+residual"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
+_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16): o_proj (2048 x 2048) 4.6-4.8 us with 2 rows x 2048 of K, 4 warps;
 # down_proj (2048 x 8192) 12.2 us with that and 11.8 us (2.85 TB/s) with 4 rows x 1024.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): 16-wide tiles at
     # 2 < M <= 64, so o_proj and down_proj (N = 2048) launch 128 programs for 132 SMs. At M = 32 o_proj
     # 7.8 -> 7.0 us, down_proj 23.3 -> 20.6 us; at M = 8 they lose 0.3 and 0.8 us. GEMV (M <= 2) the same.
@@ -49,12 +49,11 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
-_ROCM_CONFIGS = _p.ROCM_CONFIGS
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _p.configs(_WARP32_CONFIGS, _p.WAVE64_CONFIGS, traits)
 
 
 # --- the kernel --------------------------------------------------------------------------------------
@@ -120,7 +119,7 @@ def supports(spec: Any) -> bool:
     )
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     lin, add, residual = _parts(spec)
     args = spec.args(lin)
     r_i = spec.inputs.index(residual)
@@ -137,7 +136,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            plans[m] = _p.launch_plan(config, m, k, elem, target)
+            plans[m] = _p.launch_plan(config, m, k, elem, traits)
         tiles, opts = plans[m]
         if tiles["HINT"]:
             _p.check_aligned("linear+residual", x, w)
@@ -148,13 +147,13 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     lin, add, residual = _parts(spec)
     n, k = spec.types[lin.inputs[1]].shape
     dtype = str(spec.types[lin.inputs[0]].dtype)
-    tiles, opts = _p.launch_plan(config, _p.row_count(spec, lin.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    tiles, opts = _p.launch_plan(config, _p.row_count(spec, lin.inputs[0]), k, _p.ELEM_BYTES[dtype], traits)
     consts = {"N": n, "K": k, "HAS_BIAS": len(lin.inputs) == 3,
               "RES_ROWS": spec.types[residual].shape == spec.types[add.outputs[0]].shape, **tiles}  # fmt: skip
     ptr = "*" + _p.FLOATS[dtype]

@@ -32,7 +32,7 @@ E, F, D, k. Inputs are made contiguous (a no-op for the runtime's buffers).
 Config keys (one config sets every path; a launch takes one): gemv_max_slots and small_max_rows pick
 the path; gemv_block_f, gemv_block_d, gemv_block_k, gemv_warps (GEMV); small_block_m, small_block_n,
 small_block_k, small_warps, small_stages (the grouped GEMM's decode tile); block_m, block_n,
-down_block_n, block_k, num_warps, num_stages (its prefill tile); waves_per_eu on rocm.
+down_block_n, block_k, num_warps, num_stages (its prefill tile); the arch's launch options (waves_per_eu) where it takes them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from polymorph.pipeline.kernel_files import depend
+
 IMPLEMENTS = "moe_ffn"
 
 # One config carries a setting for each path (a launch takes one), so the list zips the spaces.
@@ -52,7 +54,7 @@ IMPLEMENTS = "moe_ffn"
 # average expert has at most small_max_rows rows (decode batches; its N tile serves both GEMMs).
 # block_m/block_n/down_block_n/block_k/num_warps/num_stages: the grouped GEMM tile beyond (prefill).
 # gemv_max_slots and small_max_rows pick the path (0: never that path).
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     # Hopper, measured on an H200 at Mixtral-8x7B's layer (D 4096, F 14336, E 8, k 2, bf16, in a CUDA
     # graph): GEMV to T = 2 (3.5-3.9 TB/s of weights); a 32-row mma.sync tile to 16 rows per expert
     # (T <= 64, ~3.9 TB/s); then 128-row wgmma tiles, two 128x128 fp32 accumulators (gate, up) and a
@@ -77,9 +79,10 @@ _CUDA_CONFIGS = [
      "small_warps": 4, "small_stages": 3,
      "block_m": 128, "block_n": 64, "down_block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
-# CDNA3 (wave64, MFMA), not yet measured on a device: the stream pipeliner wants num_stages 2, the
-# 64 KB of LDS caps the tiles (every unit below compiles to <= 48 KB), waves_per_eu caps occupancy.
-_ROCM_CONFIGS = [
+# Written for 64-wide waves (CDNA3, MFMA), not yet measured on a device: the stream pipeliner wants
+# num_stages 2, the 64 KB of LDS caps the tiles (every unit below compiles to <= 48 KB on gfx942),
+# waves_per_eu caps occupancy.
+_WAVE64_CONFIGS = [
     {"gemv_max_slots": 4, "gemv_block_f": 16, "gemv_block_d": 4, "gemv_block_k": 1024, "gemv_warps": 4,
      "small_max_rows": 16, "small_block_m": 16, "small_block_n": 64, "small_block_k": 128,
      "small_warps": 4, "small_stages": 2,
@@ -101,14 +104,16 @@ _ROCM_CONFIGS = [
      "block_m": 128, "block_n": 64, "down_block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2,
      "waves_per_eu": 0},
 ]  # fmt: skip
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
+# Configs and launch options per chip, from its traits.
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
 _SUM_BLOCK_D = 512
 _TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits)
 
 
 # --- decode: GEMV per slot -------------------------------------------------------------------------
@@ -388,19 +393,17 @@ def _tile(config: dict[str, Any], path: str) -> dict[str, int]:
     return {key: config[key] for key in keys}
 
 
-def _options(config: dict[str, Any], target: Any, path: str) -> dict[str, Any]:
+def _options(config: dict[str, Any], traits: Any, path: str) -> dict[str, Any]:
     if path == "gemv":
         options = {"num_warps": config["gemv_warps"], "num_stages": 1}
     else:
         tile = _tile(config, path)
         options = {"num_warps": tile["num_warps"], "num_stages": tile["num_stages"]}
-    if target.family == "rocm":
-        options["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return options
+    return {**options, **_t.extra_options(config, traits)}
 
 
-def _sum_options(target: Any) -> dict[str, Any]:
-    return {"num_warps": 4, "num_stages": 1, **({"waves_per_eu": 0} if target.family == "rocm" else {})}
+def _sum_options(traits: Any) -> dict[str, Any]:
+    return {"num_warps": 4, "num_stages": 1, **_t.extra_options(_t.LAUNCH_DEFAULTS, traits)}
 
 
 def _kernels(s: dict[str, Any], config: dict[str, Any], path: str) -> list[tuple[Any, dict[str, Any]]]:
@@ -424,14 +427,14 @@ def _kernels(s: dict[str, Any], config: dict[str, Any], path: str) -> list[tuple
     return units
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     args = spec.args(spec.single)
     s = _shapes(spec)
     experts, ffn, dim, k = s["E"], s["F"], s["D"], s["K"]
     kernels = {path: _kernels(s, config, path) for path in ("gemv", "small", "large")}
-    options = {path: _options(config, target, path) for path in ("gemv", "small", "large")}
+    options = {path: _options(config, traits, path) for path in ("gemv", "small", "large")}
     tiles = {path: _tile(config, path) for path in ("small", "large")}
-    sum_options = _sum_options(target)
+    sum_options = _sum_options(traits)
     gemv_f, gemv_d = config["gemv_block_f"], config["gemv_block_d"]
     split_act = s["w"] != "f32"  # 16-bit weights: act as hi + lo halves of their type
     act_dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[s["w"]]
@@ -486,17 +489,17 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
 ROUTE_OPS = 25
 
 
-def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
+def launches(spec: Any, config: dict[str, Any], traits: Any) -> int:
     """Kernels one call launches at the spec's token count: the path's Triton kernels, plus the routing
     ops on the grouped paths (the cost model charges each a launch)."""
     s = _shapes(spec)
     if s["T"] is None:
-        return len(compile_units(spec, config, target))
+        return len(compile_units(spec, config, traits))
     path = _path(config, s["T"] * s["K"], s["E"])
     return len(_kernels(s, config, path)) + (0 if path == "gemv" else ROUTE_OPS)
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     """The kernels the launch runs for the spec's token count (every path the config can take when
     T is symbolic: no kernel takes T as a constexpr, so the same units serve every T on a path)."""
     from polymorph.pipeline.kernel_files import CompileUnit
@@ -521,7 +524,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
             types["act_ptr"] = types["act_lo_ptr"] = "*fp32" if path == "gemv" else ptr["w"]
             types["y_ptr"] = "*fp32" if fn is _sum_slots else y
             signature = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-            options = _sum_options(target) if fn is _sum_slots else _options(config, target, path)
+            options = _sum_options(traits) if fn is _sum_slots else _options(config, traits, path)
             name = fn.__name__.lstrip("_") + ("" if path == "gemv" else f"_{path}")
             units.append(CompileUnit(name, fn, signature, consts, options))
     return units

@@ -19,8 +19,8 @@ dtype (f32, bf16, f16); concrete heads and kv heads; head dim a power of two in 
 cache_attention also: block table and positions i32 or i64, a concrete block size, and S > 4 query
 tokens (or a symbolic S, which is prefill's; decode_attention.py takes S <= 4).
 
-Config keys: block_m (queries per program), block_n (keys per step), num_warps, num_stages;
-waves_per_eu on rocm.
+Config keys: block_m (queries per program), block_n (keys per step), num_warps, num_stages; the
+arch's launch options (waves_per_eu) where it takes them.
 """
 
 from __future__ import annotations
@@ -40,25 +40,31 @@ MIN_CACHE_SEQ = 5  # cache_attention with S <= 4 is decode_attention.py's
 # Hopper: 64 queries x 128 keys on one warpgroup, cp.async double-buffered, was the fastest on an H200
 # (Triton 3.6; Llama-3.2-1B heads, bf16) for 128- and 512-token chunks over 4k-8k paged contexts, and
 # within 10% of the best (64 x 64, 4 stages) for a 2k causal prompt.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2},
     {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 4},
     {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
     {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3},
 ]
-# CDNA: wave64 MFMA; the 128 x 64, 4-wave, single-stage tile of the ROCm flash-attention kernels.
-_ROCM_CONFIGS = [
+# Written for 64-wide waves (CDNA MFMA; not measured): the 128 x 64, 4-wave, single-stage tile of the
+# ROCm flash-attention kernels. In deviceless compiles of Llama-3.2-1B's 2k bf16 prefill (Triton 3.9),
+# the 128 x 32 tile on 8 waves is the one without SGPR spills on gfx942 and gfx950 (90 SGPRs, 122-123
+# VGPRs, occupancy 0.5); 128 x 64 on 4 waves spills 4 SGPRs (gfx942) and 8 (gfx950) to VGPR lanes,
+# 64 x 64 with two stages 5 and 11. A larger-LDS tile for gfx950 (128 x 128, two stages, 98 KB) spilled
+# 30. None of these was timed on an AMD device.
+_WAVE64_CONFIGS = [
+    {"block_m": 128, "block_n": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 1},
     {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
     {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2},
-    {"block_m": 128, "block_n": 32, "num_warps": 8, "num_stages": 1, "waves_per_eu": 1},
 ]
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 _TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
 _FLOATS = ("f32", "bf16", "f16")
 _ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
 _LOG2E = 1.4426950408889634
-_CUDA_KV_BYTES = 128 * 1024  # K + V tiles of all pipeline stages (sm_90/sm_100: 227 KB per CTA)
+_KV_BYTES = 128 * 1024  # K + V tiles of all pipeline stages at most (chosen on sm_90/sm_100: 227 KB per CTA)
+_TYPICAL_ROW = 64 * 2  # bytes of a K/V row that configs are filtered at: 64-wide bf16 heads (Llama-3.2-1B)
 
 # Triton's interpreter multiplies bfloat16 bit patterns in tl.dot (triton-lang/triton#11584, not
 # supported upstream): there, and only there, the dots run on operands upcast to fp32 (exact: bf16
@@ -66,10 +72,17 @@ _CUDA_KV_BYTES = 128 * 1024  # K + V tiles of all pipeline stages (sm_90/sm_100:
 # The kernel has no @jit helpers: each @jit call costs the interpreter ~5 ms.
 _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d8c5e8246e3c8c1f2381b280")
 _UPCAST_DOT = _i.INTERPRETED
+# Configs and launch options per chip, from its traits.
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def _shared(config: dict[str, Any], row: int = _TYPICAL_ROW) -> int:
+    """Shared memory / LDS of the Q tile and the K and V tiles of every stage, for `row`-byte rows."""
+    return config["block_m"] * row + 2 * config["block_n"] * row * max(config["num_stages"], 1)
+
+
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits, shared=_shared)
 
 
 @triton.jit
@@ -213,25 +226,28 @@ def supports(spec: Any) -> bool:
     )
 
 
-def _tiles(config: dict[str, Any], s: int, d: int, dtype: str, target: Any) -> tuple[int, int]:
+def _tiles(config: dict[str, Any], s: int, d: int, dtype: str, traits: Any) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) for one shape: the config's, shrunk for short chunks and wide rows.
 
-    cuda: K and V tiles of every pipeline stage within _CUDA_KV_BYTES of shared memory. rocm: the
-    tiles live in the 512 / waves_per_eu VGPRs of a lane, so BLOCK_N (and then BLOCK_M) shrink as the
-    row grows (gfx942 AOT: 128 x 64 spills from 256-byte rows on, 64 x 32 from 512-byte rows)."""
+    Shared memory: the K and V tiles of every pipeline stage within _KV_BYTES and within what the block
+    may take beside the Q tile. Registers: where the arch takes an occupancy hint that divides a lane's
+    registers (waves_per_eu: 512 / waves_per_eu VGPRs a lane), the tiles live in those, so BLOCK_N (and
+    then BLOCK_M) shrink as the row grows (gfx942 AOT: 128 x 64 spills from 256-byte rows on, 64 x 32
+    from 512-byte rows); elsewhere the [BLOCK_M, D] fp32 accumulator and the q tile stay in registers,
+    so BLOCK_M is at most 64 from 512-byte rows on."""
     row = d * _ITEMSIZE[dtype]  # bytes of one K/V row
     block_m = min(config["block_m"], max(16, triton.next_power_of_2(s)))
     block_n = config["block_n"]
-    if target.family == "rocm":
+    budget = min(_KV_BYTES, traits.shared_per_block - block_m * row)
+    while block_n > 16 and 2 * block_n * row * config["num_stages"] > budget:
+        block_n //= 2
+    if _t.takes("waves_per_eu", traits):
         if row >= 256:
             block_n = min(block_n, 32)
         if row >= 512:
             block_m, block_n = min(block_m, 64), min(block_n, 16)
-    else:
-        while block_n > 16 and 2 * block_n * row * config["num_stages"] > _CUDA_KV_BYTES:
-            block_n //= 2
-        if row >= 512:  # the [BLOCK_M, D] fp32 accumulator and the q tile stay in registers
-            block_m = min(block_m, 64)
+    elif row >= 512:
+        block_m = min(block_m, 64)
     return block_m, block_n
 
 
@@ -248,9 +264,9 @@ def _constexprs(
     causal: bool,
     dtype: str,
     config: dict[str, Any],
-    target: Any,
+    traits: Any,
 ) -> dict[str, Any]:
-    block_m, block_n = _tiles(config, s, d, dtype, target)
+    block_m, block_n = _tiles(config, s, d, dtype, traits)
     paged = op == "cache_attention"
     return {
         "SCALE": float(scale) * _LOG2E,
@@ -269,14 +285,15 @@ def _constexprs(
     }
 
 
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    if target.family == "rocm" and "waves_per_eu" in config:
-        options["waves_per_eu"] = config["waves_per_eu"]
-    return options
+def _options(config: dict[str, Any], traits: Any) -> dict[str, Any]:
+    return {
+        "num_warps": config["num_warps"],
+        "num_stages": config["num_stages"],
+        **_t.extra_options(config, traits),
+    }
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     node = spec.single
     args = spec.args(node)
     attrs = spec.attrs()
@@ -286,7 +303,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     h, d = q_t.shape[2], q_t.shape[3]
     hkv = k_t.shape[2]
     dtype = str(q_t.dtype)
-    options = _options(config, target)
+    options = _options(config, traits)
     cache: dict[tuple[int, int, int], dict[str, Any]] = {}
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -304,7 +321,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         key = (s, t, ctx_blocks)
         if key not in cache:
             cache[key] = _constexprs(
-                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, target
+                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, traits
             )
         consts = cache[key]
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -316,7 +333,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
@@ -351,7 +368,7 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         bool(attrs.get("causal", True)),
         dtype,
         config,
-        target,
+        traits,
     )
     signature = {
         "q_ptr": data,
@@ -363,5 +380,5 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         **{name: "constexpr" for name in consts},
     }
     return [
-        CompileUnit("prefill_attention", _flash_attention_kernel, signature, consts, _options(config, target))
+        CompileUnit("prefill_attention", _flash_attention_kernel, signature, consts, _options(config, traits))
     ]

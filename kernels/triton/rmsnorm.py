@@ -7,7 +7,7 @@ kept in registers; a longer row is read twice (the statistic, then the output; t
 L2). The decode step has few rows, so a row per program at D=2048; the per-head norms have many short
 rows, so several a program.
 
-Config keys: rows, block_d, num_warps; waves_per_eu on rocm.
+Config keys: rows, block_d, num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; x, w and the output of one float dtype (bf16, f16, f32);
 concrete D; contiguous tensors.
 """
@@ -30,8 +30,8 @@ CONFIGS = [
     {"rows": 1, "block_d": 256, "num_warps": 2},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -83,11 +83,11 @@ def _consts(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
     return {"D": d, "ROWS": config["rows"], "BLOCK_D": min(config["block_d"], triton.next_power_of_2(d))}
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     x_i, w_i = spec.args(spec.single)
     eps = float(spec.attrs()["eps"])
     consts = _consts(spec, config)
-    opts = _t.launch_options(config, target)
+    opts = _t.launch_options(config, traits)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         x = inputs[x_i]
@@ -99,7 +99,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     consts = _consts(spec, config)
@@ -113,5 +113,5 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         **dict.fromkeys(consts, "constexpr"),
     }
     return [
-        CompileUnit("rmsnorm", _rmsnorm, sig, consts, {**_t.launch_options(config, target), "num_stages": 1})
+        CompileUnit("rmsnorm", _rmsnorm, sig, consts, {**_t.launch_options(config, traits), "num_stages": 1})
     ]

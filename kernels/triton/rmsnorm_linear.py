@@ -15,7 +15,7 @@ of gemv_block_k, 16-byte loads, reduction deferred to after the loop), tl.dot ti
 A tile is scaled by w_norm and rounded to the activation dtype before the MMA).
 
 Config keys: gemv_block_n, gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k, num_warps,
-num_stages (GEMM); waves_per_eu on rocm. Each config zips one GEMV and one GEMM setting.
+num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; every tensor of one float dtype (bf16, f16, f32); concrete N and
 K with N * K < 2**31; contiguous tensors with 16-byte aligned bases (checked at launch); every
@@ -36,13 +36,13 @@ IMPLEMENTS = "rmsnorm+linear"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
+_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, final norm + lm_head 128256 x 2048): 8 rows x 1024 of K with 4 warps
 # read 3.97 TB/s, 93% of the copy bandwidth and on par with cuBLAS's GEMV (4.00); 2 rows read 3.14. Each
 # program re-reads x and w_norm (4 KB each at K=2048) from L2, so more rows a program amortize them.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
     # on the tl.dot path (M > 2), 128-wide N tiles at M <= 64. final_norm + lm_head 386 -> 134 us at
     # M = 8 and 430 -> 141 us at M = 32 against the folded norm below; the GEMV (M <= 2) is the same.
@@ -58,12 +58,11 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
-_ROCM_CONFIGS = _p.ROCM_CONFIGS
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _p.configs(_WARP32_CONFIGS, _p.WAVE64_CONFIGS, traits)
 
 
 # --- the kernel --------------------------------------------------------------------------------------
@@ -153,7 +152,7 @@ def _launches(spec: Any) -> list[dict[str, Any]]:
     return out
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     norm, _ = _parts(spec)
     x_i, wn_i = spec.args(norm)
     eps = float(spec.attrs(norm)["eps"])
@@ -169,7 +168,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            plans[m] = _p.launch_plan(config, m, k, elem, target)
+            plans[m] = _p.launch_plan(config, m, k, elem, traits)
         tiles, opts = plans[m]
         n_buf = outputs[n_out] if n_out is not None else x
         norm = not _p.norm_prologue(config, tiles)
@@ -205,23 +204,23 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def launches(spec: Any, config: dict[str, Any], target: Any) -> int:
+def launches(spec: Any, config: dict[str, Any], traits: Any) -> int:
     """One launch per projection (identical ones share a compile unit), plus the norm's row kernel
     where the config runs it first."""
     norm, _ = _parts(spec)
     dtype = str(spec.types[norm.inputs[0]].dtype)
     k = spec.types[norm.inputs[1]].shape[0]
-    tiles, _ = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    tiles, _ = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], traits)
     return len(_launches(spec)) + int(_p.norm_prologue(config, tiles))
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     norm, _ = _parts(spec)
     k = spec.types[norm.inputs[1]].shape[0]
     dtype = str(spec.types[norm.inputs[0]].dtype)
-    tiles, opts = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    tiles, opts = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], traits)
     ptr = "*" + _p.FLOATS[dtype]
     units: dict[str, Any] = {}
     norm = not _p.norm_prologue(config, tiles)

@@ -21,7 +21,7 @@ counts interleaved rows: block_n / 2 pairs). The inv_freq tables are made at bui
 the device at the first launch on it (the runtime's warm-up launches run before graph capture).
 
 Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
-num_warps, num_stages (GEMM); waves_per_eu on rocm. Each config zips one GEMV and one GEMM setting.
+num_warps, num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; h, the weights, biases, q_rope and both caches of one float dtype
 (bf16, f16, f32); positions and block_table i32; q, k and v all with a bias or none; concrete heads,
@@ -44,7 +44,7 @@ IMPLEMENTS = "rmsnorm+qkv+rope+kv_write"
 # Measured on an H200 (M=1 bf16, Llama-3.2-1B: 12 MB of q/k/v weights): 4 rows (2 pairs) x 512 of K
 # with 4 warps, 6.75 us; 2 rows x 2048 7.0 us; 8 rows 7.1 us. At this size a launch's fixed cost (about
 # 2 us in a CUDA graph) is a third of the time.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
     # on the tl.dot path (M > 2). 17.6 -> 11.6 us at M = 8, 22.8 -> 10.5 us at M = 32 against the folded
     # norm below; the GEMV (M <= 2) is the same.
@@ -62,7 +62,7 @@ _CUDA_CONFIGS = [
 # The tl.dot epilogue (split of the accumulator, cos/sin, two cache stores) is register-heavy: 64 x 128
 # tiles on 8 warps compile without spills on both targets (177 registers on sm_90, 118 VGPRs on
 # gfx942); 128 x 128 spills on gfx942.
-_ROCM_CONFIGS = [
+_WAVE64_CONFIGS = [  # written for 64-wide waves
     {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4,
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 2},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 4,
@@ -70,16 +70,16 @@ _ROCM_CONFIGS = [
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 8,
      "block_m": 64, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
 ]  # fmt: skip
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _p.configs(_WARP32_CONFIGS, _WAVE64_CONFIGS, traits)
 
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
+_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
@@ -218,7 +218,7 @@ def supports(spec: Any) -> bool:
         and spec.types[p["v"].inputs[1]].shape == (d["HKV"] * d["DH"], d["K"])
         and len({len(p[s].inputs) for s in ("q", "k", "v")}) == 1
         and n_total * d["K"] < 2**31
-        and all(c["gemv_block_n"] % 2 == 0 and c["block_n"] % 2 == 0 for c in configs(spec.target))
+        and all(c["gemv_block_n"] % 2 == 0 and c["block_n"] % 2 == 0 for c in configs(spec.traits))
     )
 
 
@@ -227,7 +227,7 @@ def _grid_n(d: dict[str, Any], block_n: int) -> int:
     return triton.cdiv(d["HQ"] * d["DH"] // 2, pairs) + 2 * triton.cdiv(d["HKV"] * d["DH"] // 2, pairs)
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     p = _parts(spec)
     d = _dims(spec, p)
     has_bias = len(p["q"].inputs) == 3
@@ -251,7 +251,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            plans[m] = _p.launch_plan(config, m, d["K"], elem, target)
+            plans[m] = _p.launch_plan(config, m, d["K"], elem, traits)
         tiles, opts = plans[m]
         wq, wk, wv = (inputs[i] for i in w_i)
         if tiles["HINT"]:
@@ -293,14 +293,14 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     p = _parts(spec)
     d = _dims(spec, p)
     dtype = str(spec.types[p["norm"].inputs[0]].dtype)
     tiles, opts = _p.launch_plan(
-        config, _p.row_count(spec, p["norm"].inputs[0]), d["K"], _p.ELEM_BYTES[dtype], target
+        config, _p.row_count(spec, p["norm"].inputs[0]), d["K"], _p.ELEM_BYTES[dtype], traits
     )
     norm = not _p.norm_prologue(config, tiles)
     consts = {**d, "HAS_BIAS": len(p["q"].inputs) == 3, "NORM": norm, **tiles}

@@ -15,7 +15,7 @@ interleaved rows: block_n / 2 features; the A tile is scaled by w_norm and round
 
 Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
 num_warps, num_stages (GEMM); skinny_* (GEMM at 2 < M <= 64, see _projection.skinny); norm_prologue (GEMM: the
-norm as its own row kernel first, then tiles with no norm work); waves_per_eu on rocm. Each config
+norm as its own row kernel first, then tiles with no norm work); the arch's launch options (waves_per_eu) where it takes them. Each config
 zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; every float tensor of one dtype (bf16, f16, f32); gate and up of
@@ -37,13 +37,13 @@ IMPLEMENTS = "rmsnorm+linear+silu*mul"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "7d637e4a79afa1ee96217639ae292be869228e84b9002ffbb090591b40fbc534")
+_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, F=8192, K=2048, 64 MB of weights): 8 interleaved rows (4 features) x
 # 1024 of K with 4 warps, 21.3 us = 3.15 TB/s; 2 rows 23.6 us; 8 warps slower at every tile tried. More
 # rows a program amortize its L2 re-reads of x and w_norm.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     # The default since an H200 sweep (bench/decode.py --sweep, 2026-11-30): the norm as its own kernel
     # on the tl.dot path (M > 2) and 64-wide tiles at 2 < M <= 64: 52.9 -> 24.8 us at M = 8 and
     # 58.4 -> 23.0 us at M = 32 against the folded norm below; the GEMV (M <= 2) is the same.
@@ -62,12 +62,11 @@ _CUDA_CONFIGS = [
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
-_ROCM_CONFIGS = _p.ROCM_CONFIGS
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _p.configs(_WARP32_CONFIGS, _p.WAVE64_CONFIGS, traits)
 
 
 # --- the kernel --------------------------------------------------------------------------------------
@@ -135,11 +134,11 @@ def supports(spec: Any) -> bool:
         and isinstance(f, int)
         and isinstance(k, int)
         and f * k < 2**31
-        and all(c["gemv_block_n"] % 2 == 0 and c["block_n"] % 2 == 0 for c in configs(spec.target))
+        and all(c["gemv_block_n"] % 2 == 0 and c["block_n"] % 2 == 0 for c in configs(spec.traits))
     )
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     norm, gate, up = _parts(spec)
     x_i, wn_i = spec.args(norm)
     wg_i, wu_i = spec.inputs.index(gate.inputs[1]), spec.inputs.index(up.inputs[1])
@@ -157,7 +156,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
         if m == 0:
             return
         if m not in plans:
-            plans[m] = _p.launch_plan(config, m, k, elem, target)
+            plans[m] = _p.launch_plan(config, m, k, elem, traits)
         tiles, opts = plans[m]
         if tiles["HINT"]:
             _p.check_aligned("rmsnorm+linear+silu*mul", x, wg, wu)
@@ -173,13 +172,13 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     norm, gate, _ = _parts(spec)
     f, k = spec.types[gate.inputs[1]].shape
     dtype = str(spec.types[norm.inputs[0]].dtype)
-    tiles, opts = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], target)
+    tiles, opts = _p.launch_plan(config, _p.row_count(spec, norm.inputs[0]), k, _p.ELEM_BYTES[dtype], traits)
     norm = not _p.norm_prologue(config, tiles)
     consts = {"F": f, "K": k, "HAS_BIAS": len(gate.inputs) == 3, "NORM": norm, **tiles}
     ptr = "*" + _p.FLOATS[dtype]

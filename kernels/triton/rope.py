@@ -6,7 +6,7 @@ computed at build time and copied to the device at the first launch on it (befor
 A program rotates block_h heads of one token: both halves of each pair in registers, cos and sin
 computed once per pair in fp32 (libdevice cosf/sinf on NVIDIA: accurate for long-context angles).
 
-Config keys: block_h (heads a program), num_warps; waves_per_eu on rocm.
+Config keys: block_h (heads a program), num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; x and the output of one float dtype (bf16, f16, f32); positions
 i32; concrete heads and an even, concrete head_dim; contiguous tensors.
 """
@@ -30,8 +30,8 @@ CONFIGS = [
     {"block_h": 1, "num_warps": 1},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -84,13 +84,13 @@ def _consts(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
             "BLOCK_HALF": triton.next_power_of_2(dh // 2)}  # fmt: skip
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     x_i, pos_i = spec.args(spec.single)
     consts = _consts(spec, config)
     host_inv = torch.from_numpy(rope_inv_freq(consts["DH"], spec.attrs()))
     device_inv: dict[Any, Any] = {}
     grid_h = triton.cdiv(consts["H"], consts["BLOCK_H"])
-    opts = _t.launch_options(config, target)
+    opts = _t.launch_options(config, traits)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         x, pos = inputs[x_i], inputs[pos_i]
@@ -104,7 +104,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     consts = _consts(spec, config)
@@ -116,4 +116,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "y_ptr": ptr,
         **dict.fromkeys(consts, "constexpr"),
     }
-    return [CompileUnit("rope", _rope, sig, consts, {**_t.launch_options(config, target), "num_stages": 1})]
+    return [CompileUnit("rope", _rope, sig, consts, {**_t.launch_options(config, traits), "num_stages": 1})]

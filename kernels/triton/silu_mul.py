@@ -6,7 +6,7 @@ activation: at a 2048-token Llama-3.2-1B prefill on an H200 they took 50.2 and 6
 Flat over the elements, `block` a program; fp32 math. silu(gate) is rounded to the output dtype
 before the product, as the unfused graph stores it, so the result equals the two kernels' bit for bit.
 
-Config keys: block, num_warps; waves_per_eu on rocm.
+Config keys: block, num_warps; the arch's launch options (waves_per_eu) where it takes them.
 Constraints (supports): cuda or rocm; gate, up, the silu and the output of one float dtype (bf16,
 f16, f32) and one shape (no broadcast); contiguous tensors.
 """
@@ -29,8 +29,8 @@ CONFIGS = [
     {"block": 2048, "num_warps": 4},
 ]
 
-# Per-target configs and launch options (CDNA derived from the list above; see _targets.py).
-_t = depend("triton/_targets.py", "d68e6c742e5a0366c84963399206ac80eb320bfa86a3c9ee6346a6a93bf8e7be")
+# Configs and launch options per chip, mapped from the list above by its traits (see _targets.py).
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 configs = _t.configs_by_target(CONFIGS)
 
 
@@ -76,10 +76,10 @@ def supports(spec: Any) -> bool:
     )
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     gate, up, _, _ = _parts(spec)
     g_i, u_i = spec.inputs.index(gate), spec.inputs.index(up)
-    block, opts = config["block"], _t.launch_options(config, target)
+    block, opts = config["block"], _t.launch_options(config, traits)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         y = outputs[0]
@@ -90,11 +90,11 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     gate, _, _, out = _parts(spec)
     ptr = "*" + _FLOATS[str(spec.types[gate].dtype)]
     sig = {"g_ptr": ptr, "u_ptr": ptr, "y_ptr": ptr, "N": "i32", "BLOCK": "constexpr"}
-    opts = {**_t.launch_options(config, target), "num_stages": 1}
+    opts = {**_t.launch_options(config, traits), "num_stages": 1}
     return [CompileUnit("silu_mul", _silu_mul, sig, {"BLOCK": config["block"]}, opts)]

@@ -8,7 +8,7 @@ top k probabilities, and divides by their sum when `normalize` is set. All math 
 Constraints (supports): cuda or rocm; one topk_router node; logits f32, bf16 or f16 with a concrete
 expert count E <= 256; weights out f32, indices out i32 or i64; 1 <= k <= min(8, E).
 
-Config keys: rows (tokens per program), num_warps; waves_per_eu on rocm.
+Config keys: rows (tokens per program), num_warps; the arch's launch options (waves_per_eu).
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
+from polymorph.pipeline.kernel_files import depend
+
 IMPLEMENTS = "topk_router"
 
 MAX_EXPERTS = 256
 MAX_K = 8
 
 # ROWS tokens per program: 1 for few tokens; more when E is small, so a warp's lanes all hold logits.
-_CUDA_CONFIGS = [
+_WARP32_CONFIGS = [
     {"rows": 1, "num_warps": 1},
     {"rows": 4, "num_warps": 1},
     {"rows": 16, "num_warps": 4},
@@ -33,18 +35,20 @@ _CUDA_CONFIGS = [
 # wave64: one wavefront already spans 64 lanes, so more rows per wave before adding waves.
 # CDNA: one wave64 holds a row of up to 64 experts; waves_per_eu 0 leaves occupancy to the compiler
 # (a few KB of registers a program), not measured on a device.
-_ROCM_CONFIGS = [
+_WAVE64_CONFIGS = [  # written for 64-wide waves
     {"rows": 1, "num_warps": 1, "waves_per_eu": 0},
     {"rows": 8, "num_warps": 1, "waves_per_eu": 0},
     {"rows": 32, "num_warps": 4, "waves_per_eu": 2},
 ]
-CONFIGS = _CUDA_CONFIGS
+CONFIGS = _WARP32_CONFIGS
+# Configs and launch options per chip, from its traits.
+_t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
 _TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
 
 
-def configs(target: Any) -> list[dict[str, Any]]:
-    return _ROCM_CONFIGS if target.family == "rocm" else _CUDA_CONFIGS
+def configs(traits: Any) -> list[dict[str, Any]]:
+    return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits)
 
 
 @triton.jit
@@ -132,17 +136,14 @@ def _constexprs(spec: Any, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _options(config: dict[str, Any], target: Any) -> dict[str, Any]:
-    options = {"num_warps": config["num_warps"], "num_stages": 1}
-    if target.family == "rocm":
-        options["waves_per_eu"] = config.get("waves_per_eu", 0)
-    return options
+def _options(config: dict[str, Any], traits: Any) -> dict[str, Any]:
+    return {"num_warps": config["num_warps"], "num_stages": 1, **_t.extra_options(config, traits)}
 
 
-def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
+def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     (arg,) = spec.args(spec.single)
     consts = _constexprs(spec, config)
-    options = _options(config, target)
+    options = _options(config, traits)
     experts, rows = consts["E"], consts["ROWS"]
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
@@ -170,7 +171,7 @@ def build(spec: Any, config: dict[str, Any], target: Any) -> Any:
     return launch
 
 
-def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
+def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
@@ -184,4 +185,4 @@ def compile_units(spec: Any, config: dict[str, Any], target: Any) -> list[Any]:
         "n_rows": "i32",
         **{name: "constexpr" for name in consts},
     }
-    return [CompileUnit("topk_router", _topk_router_kernel, signature, consts, _options(config, target))]
+    return [CompileUnit("topk_router", _topk_router_kernel, signature, consts, _options(config, traits))]

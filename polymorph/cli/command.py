@@ -165,7 +165,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _default_dtype(backend: str) -> str:
-    return "f32" if backend == "cpu" else "bf16"
+    from polymorph.pipeline.backend import registry
+
+    return registry.get(backend).default_dtype
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -176,30 +178,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = args.backend or knobs.backend
     model = load_model(args.model, dtype=args.dtype or _default_dtype(backend))
     artifact = api.compile(
-        model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx, traffic=args.traffic,
-        force=args.force,
+        model, backend, args.target, args.out, batch=args.batch, ctx=args.ctx, prefill=args.prefill,
+        traffic=args.traffic, phase=args.phase, force=args.force, stages=args.stages,
     )  # fmt: skip
     r = artifact.report
-    rows = [
-        (
-            k.group,
-            k.kernel.split("@")[0],
-            k.library or "-",
-            console.quantity(k.bytes, "B"),
-            console.seconds(k.predicted_s),
-        )
-        for k in r.kernels
-    ]
-    shown = (
-        rows
-        if args.verbose or len(rows) <= 40
-        else [*rows[:30], ("...", f"{len(rows) - 30} more", "", "", "")]
-    )
-    console.table(
-        f"{model.name} -> {r.backend} {r.target} ({len(r.kernels)} kernels)",
-        ["group", "kernel", "library", "bytes", "predicted"],
-        shown,
-    )
+    from polymorph.cli import report_table
+
+    title = f"{model.name} -> {r.backend} {r.target} ({len(r.kernels)} kernels)"
+    report_table.print_kernels(r, title, verbose=args.verbose)
     console.line(
         f"predicted step time at {r.bindings}: {console.seconds(r.predicted_step_s)} ({r.prediction})"
     )
@@ -209,6 +195,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         console.line(
             f"wrote {args.out}/plan.json, report.json, graph.json and {len(artifact.files)} kernel files"
         )
+    if args.stages:
+        from polymorph.pipeline.stages import stage_dump_names
+
+        console.line(f"wrote each stage's product to {args.stages}/: {', '.join(stage_dump_names())}")
     return 0
 
 
@@ -532,9 +522,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", help="chip profile id (default: the backend's first)")
     c.add_argument("--out", help="output directory (empty, new, or a previous compile output)")
     c.add_argument("--force", action="store_true", help="write into a non-empty --out that is not one")
-    c.add_argument("--batch", type=int)
-    c.add_argument("--ctx", type=int)
-    c.add_argument("--traffic", help="traffic shape TOML; the plan is predicted for its heaviest bucket")
+    c.add_argument("--batch", type=int, help="sequences per step (default 1)")
+    c.add_argument("--ctx", type=int, help="longest context in tokens (default 1024; a prefill's: --prefill)")
+    c.add_argument(
+        "--prefill", type=int, metavar="N", help="compile a prefill of N prompt tokens per sequence"
+    )
+    c.add_argument("--traffic", help="traffic shape TOML; the plan is for its heaviest bucket of --phase")
+    c.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                   help="with --traffic: its decode steps' buckets, or its prompt lengths (batch 1)")  # fmt: skip
+    c.add_argument("--stages", metavar="DIR", help="write the product of every compile stage to DIR")
     c.add_argument("-v", "--verbose", action="store_true", help="list every kernel")
     c = command("run", cmd_run, "generate tokens from a model or a compile output directory")
     model_args(c)

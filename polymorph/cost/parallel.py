@@ -1,14 +1,15 @@
 """Parallelism planning: tensor-parallel (and, for MoE, expert-parallel) degree for N devices.
 
 Each option is predicted from the graph one device runs, lowered by the backend and priced by the cost
-model (costmodel.py):
+model (model.py):
 - TP=t (Megatron style): attention heads, kv heads and the MLP's (or each expert's) intermediate width
   are split t ways, so a device runs the decoder built from a config with those sizes divided by t.
   Norms, residuals, the embedding and lm_head are replicated (vocab-parallel lm_head is not modeled).
   t must divide N, the heads, the kv heads and the intermediate width.
 - EP=t (MoE only): attention as TP=t, and the experts split whole across the same t devices, E/t each;
-  t must divide the expert count. A device's expert work assumes balanced routing: of the bucket's
-  tokens x top-k assignments it serves 1/t, touching min(E/t, assignments/t) experts' weights.
+  t must divide the expert count. A device's expert work assumes uniform routing: of the bucket's
+  tokens x top-k assignments it serves 1/t, over E/t (1 - (1 - k/E)^tokens) expected active experts,
+  each expert's GEMMs priced at the rate of its rows (model.py, `expert_parallel`).
 - Communication: two all-reduces per layer (after the o-projection and after the MLP or experts) of
   the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
   the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
@@ -230,7 +231,11 @@ def _option(
 
         launches = launch_counts(plan)
     base = predict(
-        plan, profile, costs=_expert_parallel_costs(plan, ep) if ep > 1 else None, launches=launches
+        plan,
+        profile,
+        costs=_expert_parallel_costs(plan, ep) if ep > 1 else None,
+        launches=launches,
+        expert_parallel=ep,
     )
     compute_s = base.step_s
     rows = _allreduce_rows(m.config, profile, tp, batch, m.dtype)

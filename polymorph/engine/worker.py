@@ -35,7 +35,6 @@ import numpy as np
 from polymorph.engine import protocol
 from polymorph.engine.arena import Arena
 from polymorph.errors import UserError
-from polymorph.hardware.target import Target
 from polymorph.pipeline.backend import Artifact, Executable, registry
 from polymorph.pipeline.kernel_files import KernelSpec, Launch, load_choice, load_kernel
 from polymorph.pipeline.lowering import kernel_spec
@@ -204,7 +203,7 @@ class Worker:
             kernel = load_kernel(path)
         except UserError as e:
             raise CandidateError("candidate_build", str(e)) from None
-        target = Target.parse(self.artifact.plan.target)  # type: ignore[union-attr]
+        target = self.artifact.plan.kernel_target()  # type: ignore[union-attr]  # the chip's traits
         spec = self._spec(group, target)
         try:
             if not kernel.supports(spec):
@@ -489,19 +488,19 @@ class Worker:
     def _stock_launch(self, group: PlanGroup) -> Launch:
         if group.id not in self.stock:
             plan = self.artifact.plan  # type: ignore[union-attr]
-            target = Target.parse(plan.target)
+            target = plan.kernel_target()
             kernel = load_choice(group.kernel.file, group.kernel.sha256, self.artifact.out_dir)  # type: ignore[union-attr]
             spec = self._spec(group, target)
             self.stock[group.id] = kernel.build(spec, group.kernel.config, target)
         return self.stock[group.id]
 
-    def _spec(self, group: PlanGroup, target: Target) -> KernelSpec:
-        """The spec a group's kernel is built for, as the backend's executable builds it: the cpu
-        executable builds on the symbolic graph; the GPU executable on the graph specialized to the
-        plan's bucket (GpuExecutable._build; not yet run here, no GPU)."""
+    def _spec(self, group: PlanGroup, target: Any) -> KernelSpec:
+        """The spec a group's kernel is built for, as the backend's executable builds it: one that is
+        not `bucketed` (cpu) builds on the symbolic graph; a bucketed one (the GPU executable) on the
+        graph specialized to the plan's bucket (GpuExecutable._build; not yet run here, no GPU)."""
         plan = self.artifact.plan  # type: ignore[union-attr]
         graph = plan.graph
-        if plan.backend != "cpu" and plan.bindings:
+        if getattr(self.exe, "bucketed", False) and plan.bindings:
             from polymorph.passes import specialize
 
             graph = specialize(graph, plan.bindings)
@@ -567,8 +566,8 @@ def require_engine(backend: str) -> None:
     if Feature.ENGINE not in registry.get(backend).features:
         raise UserError(
             f"the persistent engine runs on backends whose executables speak its runtime contract "
-            f"(Feature.ENGINE: cpu, cuda, rocm), not {backend}: its hot reload (recompiling one "
-            "group's HLO through the content-hashed cache) is not built"
+            f"(Feature.ENGINE: {', '.join(registry.with_feature(Feature.ENGINE))}), not `{backend}`, "
+            "which does not declare it"
         )
 
 

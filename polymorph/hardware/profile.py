@@ -38,7 +38,6 @@ files while an engine runs, and a stale copy would be silently wrong.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import re
 import tomllib
 from collections.abc import Mapping
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from polymorph.errors import UserError
+from polymorph.hardware import catalog
 from polymorph.hardware.target import Target
 
 SCHEMA_VERSION = 1
@@ -71,7 +71,12 @@ UNITS: dict[str, dict[str, float]] = {
     "power": {"W": 1.0},
     "flops": {"TFLOP/s": 1e12, "PFLOP/s": 1e15},
     "count": {"": 1.0},
-    "time": {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0},  # calibration only: per-call overhead
+    "time": {
+        "ns": 1e-9,
+        "us": 1e-6,
+        "ms": 1e-3,
+        "s": 1.0,
+    },  # per-call overhead (calibration; launch_overhead)
 }
 
 # Figure name -> (dimension, label). `{unit}` in a label becomes the target's compute unit (SM, CU,
@@ -101,6 +106,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "interconnect_bandwidth": ("bandwidth", "Interconnect bandwidth per direction"),
     "dma_bandwidth": ("bandwidth", "DMA bandwidth"),
     "power": ("power", "Power (max TDP / TBP)"),
+    "launch_overhead": ("time", "Per-kernel launch gap in a captured graph replay (not an eager launch)"),
 }
 
 # Keys of the `[peak]` table: dense (no 2:4 sparsity) matrix rates, or the vector rate where a chip
@@ -409,13 +415,8 @@ def roofline_seconds(profile: Profile, flops: float, bytes_moved: float, dtype: 
 
 
 def profiles_dir() -> Traversable:
-    """Where the profile TOMLs are: the `polymorph.hwprofiles` package when installed (wheel or
-    editable, through setuptools' package-dir), else `hwprofiles/` beside `polymorph/` in a checkout."""
-    try:
-        return importlib.resources.files("polymorph.hwprofiles")
-    except ModuleNotFoundError:
-        # A plain checkout: nothing maps hwprofiles/ into the polymorph package until it is installed.
-        return Path(__file__).resolve().parents[2] / "hwprofiles"
+    """Where the shipped profile TOMLs are (catalog.shipped_dir); POLYMORPH_PROFILES adds others."""
+    return catalog.shipped_dir()
 
 
 def default_calibration_dir() -> Path | None:
@@ -430,22 +431,30 @@ def calibration_path(profile_id: str, calibration_dir: Path) -> Path:
 
 
 def list_profiles() -> list[str]:
-    """Ids of the shipped profiles, sorted."""
-    root = profiles_dir()
-    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.is_file() and p.name.endswith(".toml"))
+    """Ids of the known profiles, sorted: the shipped ones and those in POLYMORPH_PROFILES directories."""
+    return sorted(catalog.profile_files())
 
 
 def load_profile(id: str, calibration_dir: Path | None = None) -> Profile:
-    """Load and validate the shipped profile `id`, then overlay `<calibration_dir>/<id>.toml` if it
-    exists. `calibration_dir` None means the default (`hwprofiles/measured`); callers that honour
-    POLYMORPH_CALIBRATION_DIR read it through `polymorph.knobs` and pass it here. An unknown id raises
-    UserError listing the known profiles; an invalid file raises UserError naming file and field."""
-    known = list_profiles()
-    if id not in known:
-        raise UserError(f"unknown chip `{id}`; known profiles: {', '.join(known)}")
-    resource = profiles_dir() / f"{id}.toml"
-    profile = _parse_profile(_read_toml(resource, str(resource)), str(resource), expected_id=id)
-    return _overlay(profile, calibration_dir)
+    """Load and validate the profile `id` (shipped, or in a POLYMORPH_PROFILES directory), then overlay
+    `<calibration_dir>/<id>.toml` if it exists. `calibration_dir` None means the default
+    (`hwprofiles/measured`); callers that honour POLYMORPH_CALIBRATION_DIR read it through
+    `polymorph.knobs` and pass it here. An unknown id raises UserError listing the known profiles; an
+    invalid file raises UserError naming file and field."""
+    return _overlay(load_profile_vendor(id), calibration_dir)
+
+
+def load_profile_vendor(id: str) -> Profile:
+    """The profile `id` with its vendor figures only, no calibration overlaid (what a chip's kernel
+    traits are read from: a sandboxed worker reads no calibration directory)."""
+    files = catalog.profile_files()
+    if id not in files:
+        raise UserError(
+            f"unknown chip `{id}`; known profiles: {', '.join(sorted(files))} (a new chip is one profile "
+            f"file in a directory named by POLYMORPH_PROFILES)"
+        )
+    resource = files[id]
+    return _parse_profile(_read_toml(resource, str(resource)), str(resource), expected_id=id)
 
 
 def load_profile_file(path: Path, calibration_dir: Path | None = None) -> Profile:
@@ -512,9 +521,10 @@ def _parse_profile(data: dict[str, Any], where: str, expected_id: str) -> Profil
             f"come from measurement: `polymorph microbench --backend cpu`"
         )
     warp = next((f for f in figures if f.name == "warp_size"), None)
-    if warp is not None and target.warp_size is not None and warp.si != target.warp_size:
+    if warp is not None and target.warp_sizes and warp.si not in target.warp_sizes:
+        widths = " or ".join(str(w) for w in target.warp_sizes)
         raise UserError(
-            f"{where}: `figures.warp_size` is {warp.value:g} but {target} runs {target.warp_size}-wide; "
+            f"{where}: `figures.warp_size` is {warp.value:g} but {target.family} warps are {widths} wide; "
             f"one of them is wrong"
         )
     compiler = _get(data, "compiler", dict, where, required=False) or {}
@@ -582,7 +592,7 @@ def _parse_calibration(data: dict[str, Any], where: str, profile: Profile) -> Ca
 
 def _parse_overhead(data: dict[str, Any], name: str, where: str) -> Figure | None:
     raw = _get(data, name, dict, where, required=False)
-    return None if raw is None else _parse_figure(raw, name, "time", where, measured=True)
+    return None if raw is None else _parse_figure(raw, name, "time", where, measured=True, top_level=True)
 
 
 def _parse_curves(data: dict[str, Any], where: str) -> list[Curve]:
@@ -673,8 +683,12 @@ def _parse_figures(data: dict[str, Any], where: str, measured: bool) -> list[Fig
     return out
 
 
-def _parse_figure(raw: object, name: str, dimension: str, where: str, measured: bool) -> Figure:
-    field = f"figures.{name}" if name in FIGURES else name  # peak.<key>, *_overhead, allreduce_latency
+def _parse_figure(
+    raw: object, name: str, dimension: str, where: str, measured: bool, *, top_level: bool = False
+) -> Figure:
+    # The table's name in the file: figures.<name>; peak.<key>; a calibration's top-level tables
+    # (launch_overhead, step_overhead, op_overhead, allreduce_latency), whatever FIGURES also holds.
+    field = name if top_level or name not in FIGURES else f"figures.{name}"
     if not isinstance(raw, dict):
         raise UserError(
             f"{where}: `{field}` must be a table with `value`, `unit` and "

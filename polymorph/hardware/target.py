@@ -1,10 +1,13 @@
 """Targets: the only way polymorph code names hardware.
 
 A `Target` is a chip family plus an architecture, written `family:arch` (`cuda:sm_90`, `rocm:gfx950`,
-`neuron:trn2`) or just `cpu`. Strings are parsed into their parts and checked against a closed table;
-code then asks the parsed fields (`compute_capability`, `gfx_arch`, `warp_size`), never
-`"gfx9" in arch`. An arch outside the table is an error, not a guess: tinygrad silently treats any
-unknown AMD arch as RDNA3, and PyTorch's ROCm build answers to "cuda".
+`neuron:trn2`) or just `cpu`. Strings are parsed into their parts and checked; code then asks the
+parsed fields (`compute_capability`, `gfx_arch`), never `"gfx9" in arch`. An arch is accepted when a
+hardware profile names it (each `hwprofiles/<id>.toml`, and each file in a POLYMORPH_PROFILES
+directory, has a `target` line; catalog.py finds them), so a new chip is one profile file. An arch no
+profile names is an error that lists the accepted ones, not a guess: tinygrad silently treats any
+unknown AMD arch as RDNA3, and PyTorch's ROCm build answers to "cuda". What a chip offers a kernel
+(warp width, LDS, pipelining depth) is its profile's data (traits.py), not a property of the family.
 """
 
 from __future__ import annotations
@@ -14,16 +17,8 @@ from dataclasses import dataclass
 
 from polymorph.errors import UserError
 
-FAMILIES: tuple[str, ...] = ("cpu", "cuda", "rocm", "neuron")
-
-# The archs each family's backend supports. Adding one is a deliberate act: the hwprofile, the
-# backend's lowering and the compile-only tests must follow.
-ARCHS: dict[str, tuple[str, ...]] = {
-    "cpu": (),
-    "cuda": ("sm_90", "sm_100", "sm_103"),
-    "rocm": ("gfx942", "gfx950"),
-    "neuron": ("trn2",),
-}
+FAMILIES: tuple[str, ...] = ("cpu", "cuda", "rocm", "neuron")  # closed: a family needs a backend
+_ARCHLESS = frozenset({"cpu"})  # families whose target takes no arch
 
 # The shape an arch must have before it is looked up, so that a malformed one (`cuda:90`) gets a
 # message about its form and a well-formed unknown one (`cuda:sm_80`) a message about support.
@@ -34,16 +29,33 @@ _ARCH_FORM: dict[str, tuple[re.Pattern[str], str]] = {
     "neuron": (re.compile(r"trn[0-9]+"), "trn<generation>, e.g. trn2"),
 }
 
-_WARP_SIZE: dict[str, int] = {"cuda": 32, "rocm": 64}
+# The warp / wavefront widths a family's programming model has; a profile's `figures.warp_size` is
+# checked against them (CDNA runs wave64; RDNA runs wave32; NVIDIA warps are 32 wide).
+_WARP_SIZES: dict[str, tuple[int, ...]] = {"cuda": (32,), "rocm": (32, 64)}
 _COMPUTE_UNIT: dict[str, str] = {"cpu": "core", "cuda": "SM", "rocm": "CU", "neuron": "NeuronCore"}
 
 
+def archs(family: str) -> tuple[str, ...]:
+    """The archs of `family` that some profile names, well-formed ones only, in numeric order (a
+    profile naming a malformed arch fails when it is loaded, with the form it should have)."""
+    if family not in _ARCH_FORM:
+        return ()
+    from polymorph.hardware.catalog import profile_targets  # lazily: catalog reads the knobs
+
+    pattern = _ARCH_FORM[family][0]
+    found = set()
+    for text in profile_targets().values():
+        fam, sep, arch = text.partition(":")
+        if fam == family and sep and pattern.fullmatch(arch):
+            found.add(arch)
+    return tuple(sorted(found, key=lambda a: (len(a), a)))
+
+
 def known_targets() -> tuple[str, ...]:
-    """Every target string `Target.parse` accepts, in canonical form."""
+    """Every target string `Target.parse` accepts now, in canonical form."""
     out: list[str] = []
     for family in FAMILIES:
-        archs = ARCHS[family]
-        out.extend([family] if not archs else [f"{family}:{arch}" for arch in archs])
+        out.extend([family] if family in _ARCHLESS else [f"{family}:{arch}" for arch in archs(family)])
     return tuple(out)
 
 
@@ -56,30 +68,27 @@ class Target:
     arch: str | None = None
 
     def __post_init__(self) -> None:
-        if self.family not in ARCHS:
+        if self.family not in FAMILIES:
             raise UserError(
                 f"unknown target family `{self.family}`; accepted targets: {', '.join(known_targets())}"
             )
-        archs = ARCHS[self.family]
-        if not archs:
+        if self.family in _ARCHLESS:
             if self.arch is not None:
                 raise UserError(f"target `{self.family}` takes no arch; write it as `{self.family}`")
             return
-        if self.arch is None:
-            raise UserError(
-                f"target `{self.family}` needs an arch; accepted: "
-                + ", ".join(f"{self.family}:{a}" for a in archs)
-            )
         pattern, form = _ARCH_FORM[self.family]
+        known = archs(self.family)
+        accepted = ", ".join(f"{self.family}:{a}" for a in known) or "none (no profile names one)"
+        if self.arch is None:
+            raise UserError(f"target `{self.family}` needs an arch; accepted: {accepted}")
         if not pattern.fullmatch(self.arch):
             raise UserError(
-                f"`{self.arch}` is not a {self.family} arch; write it as {form} "
-                f"(accepted: {', '.join(f'{self.family}:{a}' for a in archs)})"
+                f"`{self.arch}` is not a {self.family} arch; write it as {form} (accepted: {accepted})"
             )
-        if self.arch not in archs:
+        if self.arch not in known:
             raise UserError(
-                f"{self.family} arch `{self.arch}` is not supported; accepted: "
-                + ", ".join(f"{self.family}:{a}" for a in archs)
+                f"{self.family} arch `{self.arch}` is not supported; accepted: {accepted}. A new chip is "
+                f"one profile file naming it (hwprofiles/, or a directory in POLYMORPH_PROFILES)"
             )
 
     @classmethod
@@ -87,7 +96,7 @@ class Target:
         """Parse `family:arch` or a bare family with no archs (`cpu`). Raises `UserError` listing the
         accepted targets for an unknown family, a malformed arch or an unsupported one."""
         family, sep, arch = text.partition(":")
-        if family not in ARCHS:
+        if family not in FAMILIES:
             raise UserError(f"unknown target `{text}`; accepted targets: {', '.join(known_targets())}")
         if sep and not arch:
             raise UserError(f"target `{text}` has an empty arch; accepted: {', '.join(known_targets())}")
@@ -101,10 +110,11 @@ class Target:
         return self.family in ("cuda", "rocm")
 
     @property
-    def warp_size(self) -> int | None:
-        """Threads per warp (cuda, 32) or wavefront (rocm, 64; CDNA runs wave64); None where the
-        programming model has no such unit (cpu, and neuron's 128-partition tiles)."""
-        return _WARP_SIZE.get(self.family)
+    def warp_sizes(self) -> tuple[int, ...]:
+        """The warp / wavefront widths the family's programming model has (cuda 32; rocm 64 on CDNA, 32
+        on RDNA); () where it has no such unit (cpu, and neuron's 128-partition tiles). A chip's own
+        width is its profile's `figures.warp_size` (traits.py)."""
+        return _WARP_SIZES.get(self.family, ())
 
     @property
     def compute_unit(self) -> str:

@@ -6,14 +6,19 @@ from, read from its profile (hwprofiles/<chip>.toml), never from a family test i
 it takes, the matrix instruction the arch has, the software-pipelining depth that suits it) come from
 the profile's `[compiler]` table. A chip whose profile lacks a trait a caller needs is an error that
 names the profile file and the missing key, not a silent default.
+
+Kernel files get their target's traits (`traits_for(target)`, through kernel_files.py) and choose
+their configs from them, never from the target's family: a new chip is one profile file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from polymorph.errors import UserError
-from polymorph.hardware.profile import Profile
+from polymorph.hardware import catalog
+from polymorph.hardware.profile import Profile, load_profile
 from polymorph.hardware.target import Target
 
 
@@ -100,3 +105,59 @@ def traits_of(profile: Profile) -> Traits:
         pipeline_stages=int(compiler["pipeline_stages"]),
         launch_options=frozenset(compiler.get("launch_options", ())),
     )
+
+
+# What a profile says about one chip rather than its arch: kernels never choose configs from these, so
+# profiles of one arch (h100 and h200 are both sm_90) may differ in them.
+_CHIP_FIELDS = ("profile", "units")
+
+
+def traits_for(target: Target) -> Traits:
+    """The traits of a GPU target, from the profiles that name it: the first by id, with `units` the
+    smallest chip's (so a plan is the same wherever it is made). Every profile of the target must agree
+    on every other trait, or it is a UserError naming the two profiles and the trait. For kernel files,
+    which are given a target, not a chip."""
+    if not target.is_gpu:
+        raise UserError(f"{target} is not a GPU; it has no kernel traits")
+    ids = sorted(pid for pid, text in catalog.profile_targets().items() if text == str(target))
+    if not ids:
+        raise UserError(f"no profile names {target}; a GPU target's traits come from its profile")
+    found = [_traits_of_id(pid) for pid in ids]
+    first = found[0]
+    for other in found[1:]:
+        for f in dataclasses.fields(Traits):
+            if f.name not in _CHIP_FIELDS and getattr(other, f.name) != getattr(first, f.name):
+                raise UserError(
+                    f"profiles `{first.profile}` and `{other.profile}` both name {target} but disagree on "
+                    f"`{f.name}` ({getattr(first, f.name)} against {getattr(other, f.name)}); an arch's "
+                    f"kernel traits must be one, so fix one of the files"
+                )
+    return dataclasses.replace(first, units=min(t.units for t in found))
+
+
+def kernel_traits(target: Target | Traits) -> Traits | None:
+    """What a kernel file's `configs`, `build`, `compile_units` and `launches` are given: the traits
+    as they are, a GPU target's traits (traits_for), or None for cpu and neuron, whose kernels take
+    nothing from the chip."""
+    if isinstance(target, Traits):
+        return target
+    return traits_for(target) if target.is_gpu else None
+
+
+_CACHE: dict[str, tuple[object, Traits]] = {}  # profile id -> (its file's stamp, traits)
+
+
+def _traits_of_id(pid: str) -> Traits:
+    """traits_of(the profile `pid`), read again only when its file changed (kernel files ask often)."""
+    entry = catalog.profile_files()[pid]
+    try:
+        stat = entry.stat()  # type: ignore[attr-defined]
+        stamp: object = (str(entry), stat.st_size, stat.st_mtime_ns)
+    except AttributeError:  # a zipped wheel's resource: it cannot change
+        stamp = str(entry)
+    cached = _CACHE.get(pid)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    traits = traits_of(load_profile(pid))
+    _CACHE[pid] = (stamp, traits)
+    return traits

@@ -42,6 +42,10 @@ class GraphBuilder:
     def update(self, state: str, value: str) -> None:
         self.graph.state_updates[state] = value
 
-    def build(self) -> Graph:
-        verify(self.graph)
+    def build(self, *, check: bool = True) -> Graph:
+        """The graph. `check`: verify it now (GraphError). Model builders whose graphs go through the
+        compile stages pass False: the stages' `verified` step is where a model's graph is checked,
+        once."""
+        if check:
+            verify(self.graph)
         return self.graph

@@ -85,3 +85,17 @@ def verify(graph: Graph) -> dict[str, TensorType]:
         if graph.state_updates.get(state) != value:
             raise fail(f"state `{state}`", "is written but its update is not declared in state_updates")
     return types
+
+
+def infer_types(graph: Graph) -> dict[str, TensorType]:
+    """The type of every value of a graph whose structure is already verified (a specialization of a
+    verified graph: same nodes, values and state chains, new sizes): shape inference only, with the
+    node named in the GraphError when a size breaks an op's contract."""
+    types: dict[str, TensorType] = dict(graph.leaves())
+    for node in graph.nodes:
+        try:
+            outs = infer_node(node, [types[v] for v in node.inputs])
+        except OpError as e:
+            raise GraphError(f"graph `{graph.name}`: node `{node.name}` ({node.op}): {e}") from None
+        types.update(zip(node.outputs, outs, strict=True))
+    return types

@@ -343,14 +343,16 @@ def select_patterns(
 # --- matching ----------------------------------------------------------------------------------------
 
 
-def fuse(graph: Graph, patterns: Sequence[Pattern]) -> list[NodeGroup]:
+def fuse(graph: Graph, patterns: Sequence[Pattern], *, verified: bool = False) -> list[NodeGroup]:
     """Partition the nodes of `graph` into groups: pattern matches, in table order, then single nodes.
 
     Every node is in exactly one group; running the groups' nodes group by group, in the order of the
     returned list, is a valid topological order of the graph (ties go to the group whose first node
-    comes first). The graph must verify (GraphError otherwise); it is not changed.
+    comes first). The graph must verify (GraphError otherwise; not checked again when the caller says
+    it is `verified`); it is not changed.
     """
-    verify(graph)
+    if not verified:
+        verify(graph)
     matcher = _Matcher(graph)
     for pattern in patterns:
         if not isinstance(pattern, Pattern):

@@ -1,8 +1,9 @@
 """The backend contract, and the registry that finds backends.
 
 A backend is one package under `backends/` (installed as `polymorph.backends.<name>`) exposing one
-`Backend` subclass as `BACKEND`, or a third-party package registered in the entry-point group
-`polymorph.backends`. Required of every backend, all without the device:
+`Backend` subclass as `BACKEND`, found by reading that folder (no list of names), or a third-party
+package registered in the entry-point group `polymorph.backends` (any name, hyphens too). Required of
+every backend, all without the device:
   `targets`  the hardware-profile ids it serves
   `probe()`  what works on this machine (compile, run, measure) and, for what does not, why
   `lower(graph, profile) -> Plan`     node groups with their kernel choices
@@ -13,8 +14,12 @@ device events through `Executable.time`. Everything else is a `Feature` a backen
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata
+import importlib.util
+import pkgutil
+import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
@@ -118,10 +123,12 @@ class EngineRuntime(Executable):
 
 
 class Backend(ABC):
-    name: ClassVar[str]
+    name: ClassVar[str]  # as registered: its package's folder name, or its entry point's name
     language: ClassVar[str]  # the kernel language: kernels/<language>/ holds its kernel library
     targets: ClassVar[tuple[str, ...]]
     features: ClassVar[frozenset[Feature]] = frozenset()
+    patterns: ClassVar[tuple[str, ...]] = ()  # the fusion patterns it opts into (polymorph.passes)
+    default_dtype: ClassVar[str] = "bf16"  # the dtype commands load a model in when given no --dtype
 
     @abstractmethod
     def probe(self) -> Probe:
@@ -163,55 +170,132 @@ class Backend(ABC):
 
 # --- the registry ------------------------------------------------------------------------------------
 
-IN_TREE = ("cpu", "cuda", "rocm", "neuron")
+IN_TREE_PACKAGE = "polymorph.backends"  # its folder (backends/ in a checkout) holds the in-tree backends
 ENTRY_POINT_GROUP = "polymorph.backends"
+# A backend's name is a CLI argument, a plan field and part of registry keys: letters, digits, `-`, `_`, `.`.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a backend comes from: `module` (and `attr` in it, default BACKEND), found in `origin`."""
+
+    module: str
+    attr: str
+    origin: str  # "in-tree" or "entry point <value> of <distribution>"
+
+
+def binds_backend(init: Path) -> bool:
+    """Whether a package's `__init__.py` binds `BACKEND` at top level, read (not imported): so that
+    finding backends imports none of them, and shared glue (backends/gpu/) is passed over quietly. A
+    file that does not parse counts as a backend, so that importing it reports the error by name."""
+    try:
+        tree = ast.parse(init.read_text(encoding="utf-8"), str(init))
+    except (OSError, UnicodeDecodeError):
+        return False
+    except SyntaxError:
+        return True
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "BACKEND" for t in node.targets
+        ):
+            return True
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "BACKEND"
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "BACKEND" for a in node.names):
+            return True
+    return False
+
+
+def in_tree_sources(locations: Collection[str] | None = None) -> dict[str, Source]:
+    """The packages in the folder of `polymorph.backends` (or in `locations`) whose `__init__.py` binds
+    BACKEND, by folder name, sorted. Modules (device_probe.py, torch_bridge.py) and packages without
+    BACKEND (gpu/) are not backends."""
+    if locations is None:
+        spec = importlib.util.find_spec(IN_TREE_PACKAGE)
+        locations = (spec.submodule_search_locations or []) if spec is not None else []
+    found: dict[str, Source] = {}
+    for location in locations:
+        for info in sorted(pkgutil.iter_modules([location]), key=lambda i: i.name):
+            init = Path(location) / info.name / "__init__.py"
+            if info.ispkg and info.name not in found and binds_backend(init):
+                found[info.name] = Source(f"{IN_TREE_PACKAGE}.{info.name}", "BACKEND", "in-tree")
+    return found
 
 
 class Registry:
-    """Finds backends lazily; a backend that fails to import is remembered with its reason and the
-    error is raised only when that backend is asked for by name. Core code asks the registry every
-    time (never caches a backend object), so `reload` takes effect everywhere."""
+    """Finds backends lazily: the folder of `polymorph.backends` is read and the entry-point group is
+    listed, but no backend is imported until it is asked for. A backend that fails to import is
+    remembered with its reason, and the error is raised only when that backend is asked for by name.
+    Core code asks the registry every time (never caches a backend object), so `reload` takes effect
+    everywhere."""
 
     def __init__(self) -> None:
         self._classes: dict[str, type[Backend]] = {}
         self._failed: dict[str, str] = {}
-        self._sources: dict[str, str] = {}
+        self._sources: dict[str, Source] = {}
+        self._unlisted: list[tuple[str, str]] = []  # (what, why): entry points that are not backends here
         self._discovered = False
 
     def _discover(self) -> None:
         if self._discovered:
             return
         self._discovered = True
-        for name in IN_TREE:
-            self._sources[name] = f"polymorph.backends.{name}"
         try:
-            eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            self._sources.update(in_tree_sources())
+        except Exception as e:  # an unreadable install must not take the entry points down
+            self._unlisted.append(("<in-tree backends>", f"{type(e).__name__}: {e}"))
+        try:
+            eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
         except Exception as e:  # a broken distribution must not take the in-tree backends down
-            self._failed["<entry points>"] = f"{type(e).__name__}: {e}"
-            eps = ()
+            self._unlisted.append(("<entry points>", f"{type(e).__name__}: {e}"))
+            eps = []
         for ep in eps:
-            self._sources.setdefault(ep.name, ep.value)
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "an unnamed distribution"
+            source = Source(ep.module, ep.attr or "BACKEND", f"entry point `{ep.value}` of {dist}")
+            known = self._sources.get(ep.name)
+            if not _NAME.fullmatch(ep.name):
+                self._unlisted.append(
+                    (ep.name, f"{source.origin}: not a backend name (letters, digits, -_.)")
+                )
+            elif known is None:
+                self._sources[ep.name] = source
+            elif (known.module, known.attr) != (source.module, source.attr):
+                self._unlisted.append((ep.name, f"{source.origin}: shadowed by the {known.origin} backend"))
 
     def names(self) -> list[str]:
         self._discover()
         return list(self._sources)
+
+    def source(self, name: str) -> Source:
+        self._discover()
+        return self._sources[name]
 
     def _load(self, name: str) -> type[Backend]:
         if name in self._classes:
             return self._classes[name]
         source = self._sources[name]
         try:
-            module_name, _, attr = source.partition(":")
-            module = importlib.import_module(module_name)
-            cls = getattr(module, attr or "BACKEND")
-            if not (isinstance(cls, type) and issubclass(cls, Backend)):
-                raise TypeError(f"{source} is not a polymorph Backend subclass")
+            obj: Any = importlib.import_module(source.module)
+            for part in source.attr.split("."):
+                obj = getattr(obj, part)
+            if not (isinstance(obj, type) and issubclass(obj, Backend)):
+                raise TypeError(f"{source.module}:{source.attr} is not a polymorph Backend subclass")
+            if getattr(obj, "name", None) != name:
+                raise TypeError(
+                    f"{source.module}:{source.attr} calls itself `{getattr(obj, 'name', None)}`, but it is "
+                    f"registered as `{name}` ({source.origin}); the two names must be the same"
+                )
         except Exception as e:
             self._failed[name] = f"{type(e).__name__}: {e}"
             raise
-        self._classes[name] = cls
+        self._classes[name] = obj
         self._failed.pop(name, None)
-        return cls
+        return obj
 
     def get(self, name: str) -> Backend:
         self._discover()
@@ -225,23 +309,28 @@ class Registry:
             raise UserError(f"backend `{name}` failed to load: {self._failed[name]}") from None
 
     def available(self) -> list[tuple[str, Backend | None, str]]:
-        """(name, backend or None, failure reason) for every known backend; never raises."""
-        out = []
+        """(name, backend or None, failure reason) for every known backend, then every entry point
+        that is not one (shadowed, misnamed); never raises."""
+        out: list[tuple[str, Backend | None, str]] = []
         for name in self.names():
             try:
                 out.append((name, self._load(name)(), ""))
             except Exception:
                 out.append((name, None, self._failed.get(name, "failed to load")))
-        return out
+        return out + [(what, None, why) for what, why in self._unlisted]
 
     def reload(self, name: str) -> Backend:
         """Re-import a backend's modules (hot reload of backend code) and return a fresh instance."""
         self._discover()
-        prefix = self._sources[name].partition(":")[0]
+        prefix = self._sources[name].module
         for mod in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
             del sys.modules[mod]
         self._classes.pop(name, None)
         return self.get(name)
+
+    def with_feature(self, feature: Feature) -> list[str]:
+        """Backends that declare `feature` (for error messages); those that fail to load are left out."""
+        return [name for name, b, _ in self.available() if b is not None and feature in b.features]
 
     def supporting(self, op: str) -> list[str]:
         """Backends whose kernel library implements `op` (for error messages)."""
@@ -252,7 +341,9 @@ registry = Registry()
 
 
 def check_profile(backend: Backend, profile: Profile) -> None:
-    if profile.id not in backend.targets:
+    # A chip is served when the backend lists it or its profile names the backend (a new chip is one
+    # profile file, hwprofiles/ or POLYMORPH_PROFILES).
+    if profile.id not in backend.targets and profile.backend != backend.name:
         raise UserError(
             f"backend `{backend.name}` does not serve chip `{profile.id}`; its chips: {', '.join(backend.targets)}"
         )

@@ -4,17 +4,24 @@ A kernel is a Python file under `kernels/<language>/` exposing:
   IMPLEMENTS  the op name (from the op table) or fused-pattern name it implements, or a tuple of them
   CONFIGS     the tunable space: a list of dicts (the first is the default)
   supports(spec: KernelSpec) -> bool         shapes, dtypes and target it handles
-  build(spec: KernelSpec, config: dict, target: Target) -> launch
+  build(spec: KernelSpec, config: dict, traits: Traits | None) -> launch
               where launch(inputs, outputs, scratch) runs it: inputs are the group's external inputs
               in `spec.inputs` order, outputs the preallocated tensors of `spec.outputs` it must write.
 Optional:
-  configs(target) -> list[dict]    per-target configs, instead of CONFIGS (e.g. wave64/MFMA tiles on rocm)
-  compile_units(spec, config, target) -> list[CompileUnit]
+  configs(traits: Traits | None) -> list[dict]    the space for one chip, instead of CONFIGS
+  compile_units(spec, config, traits) -> list[CompileUnit]
               the Triton kernels `build` would launch for this (concrete-shaped) spec, for
               ahead-of-time compilation to device code without the device (PTX/cubin, AMDGCN/HSACO)
-  launches(spec, config, target) -> int
+  launches(spec, config, traits) -> int
               the kernels one call launches, where that is not one per compile unit (a unit launched
               once per projection; torch ops around the Triton kernels): the cost model's count
+`traits` is what the target offers a kernel (polymorph/hardware/traits.py: warp width, shared memory /
+LDS per block, pipelining depth, launch options, matrix instruction), read from the profiles that name
+the target; `traits.target` is the Target. It is None on cpu and neuron, which are not GPUs: their
+kernels take nothing from the chip. `spec.traits` carries the same for `supports`. A kernel file
+chooses its configs from these traits and never tests the target's family or names an arch or a
+vendor, so a new chip is one profile file (the Triton files map one generic space onto a chip in
+kernels/triton/_targets.py). Callers hand `KernelFile`'s methods a Target or its Traits.
 A file is loaded by path as a fresh module every time (the hot-reload primitive) and is named by the
 sha256 of its source, so a plan names exactly the code it was built with.
 
@@ -40,6 +47,7 @@ from typing import Any
 
 from polymorph.errors import UserError
 from polymorph.hardware.target import Target
+from polymorph.hardware.traits import Traits, kernel_traits
 from polymorph.ir.graph import Node, TensorType
 
 Launch = Callable[[list[Any], list[Any], Any], None]
@@ -47,7 +55,8 @@ Launch = Callable[[list[Any], list[Any], Any], None]
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """What a kernel is asked to implement: one node group with its types, for one target."""
+    """What a kernel is asked to implement: one node group with its types, for one target. `traits`
+    is what the target offers a kernel (None on cpu and neuron, or where the caller gave none)."""
 
     pattern: str
     nodes: tuple[Node, ...]
@@ -56,6 +65,7 @@ class KernelSpec:
     types: Mapping[str, TensorType] = field(repr=False)
     target: Target
     roles: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    traits: Traits | None = field(default=None, repr=False)
 
     def role(self, step: str) -> Node:
         """The node that matched `step` of the group's fusion pattern (the first, for a many=True step)."""
@@ -101,7 +111,7 @@ class CompileUnit:
 
     `signature` maps every argument of `fn` to a Triton type (`*bf16`, `*fp32`, `*i32`, `i32`, `fp32`)
     or "constexpr"; `constexprs` gives the constexpr values; `options` are compile options
-    (num_warps, num_stages; waves_per_eu on rocm)."""
+    (num_warps, num_stages, and those of `traits.launch_options` the arch takes, e.g. waves_per_eu)."""
 
     name: str
     fn: Any
@@ -126,26 +136,28 @@ class KernelFile:
     def supports(self, spec: KernelSpec) -> bool:
         return spec.pattern in self.implements and bool(self.module.supports(spec))
 
-    def build(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> Launch:
-        return self.module.build(spec, dict(config), target)
+    def build(self, spec: KernelSpec, config: Mapping[str, Any], target: Target | Traits) -> Launch:
+        return self.module.build(spec, dict(config), kernel_traits(target))
 
-    def configs_for(self, target: Target) -> tuple[dict[str, Any], ...]:
-        """The config space for `target` (the file's `configs(target)`, else CONFIGS)."""
+    def configs_for(self, target: Target | Traits) -> tuple[dict[str, Any], ...]:
+        """The config space for `target` (the file's `configs(traits)`, else CONFIGS)."""
         if hasattr(self.module, "configs"):
-            return tuple(dict(c) for c in self.module.configs(target))
+            return tuple(dict(c) for c in self.module.configs(kernel_traits(target)))
         return self.configs
 
-    def launches(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> int:
+    def launches(self, spec: KernelSpec, config: Mapping[str, Any], target: Target | Traits) -> int:
         """Kernels one call launches (the file's `launches`, else one per compile unit, at least one)."""
         if hasattr(self.module, "launches"):
-            return int(self.module.launches(spec, dict(config), target))
+            return int(self.module.launches(spec, dict(config), kernel_traits(target)))
         return max(len(self.compile_units(spec, config, target)), 1)
 
-    def compile_units(self, spec: KernelSpec, config: Mapping[str, Any], target: Target) -> list[CompileUnit]:
+    def compile_units(
+        self, spec: KernelSpec, config: Mapping[str, Any], target: Target | Traits
+    ) -> list[CompileUnit]:
         """The Triton kernels to compile ahead of time; [] for a file with no device code of its own."""
         if not hasattr(self.module, "compile_units"):
             return []
-        return list(self.module.compile_units(spec, dict(config), target))
+        return list(self.module.compile_units(spec, dict(config), kernel_traits(target)))
 
 
 def kernels_root() -> Path:

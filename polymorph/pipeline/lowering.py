@@ -14,26 +14,30 @@ from typing import Any, ClassVar
 from polymorph.errors import UserError
 from polymorph.hardware.profile import Profile
 from polymorph.hardware.target import Target
+from polymorph.hardware.traits import Traits, kernel_traits, traits_of
 from polymorph.ir.graph import Graph, TensorType
-from polymorph.ir.spec import verify
-from polymorph.passes import NodeGroup, Pattern, fuse, select_patterns, specialize
+from polymorph.passes import NodeGroup
 from polymorph.pipeline.backend import Backend, check_profile
 from polymorph.pipeline.kernel_files import KernelFile, KernelSpec, kernel_library, kernels_root
 from polymorph.pipeline.plan import KernelChoice, Plan, PlanGroup
 
 
 def kernel_spec(
-    graph: Graph, group: NodeGroup | PlanGroup, types: Mapping[str, TensorType], target: Target
+    graph: Graph, group: NodeGroup | PlanGroup, types: Mapping[str, TensorType], target: Target | Traits
 ) -> KernelSpec:
+    """The spec a kernel file is asked about: `target` a Target (its traits read from the profiles that
+    name it) or a chip's Traits."""
     by_name = {n.name: n for n in graph.nodes}
+    traits = kernel_traits(target)
     return KernelSpec(
         pattern=group.pattern,
         nodes=tuple(by_name[n] for n in group.nodes),
         inputs=tuple(group.inputs),
         outputs=tuple(group.outputs),
         types=types,
-        target=target,
+        target=target if traits is None else traits.target,
         roles=tuple(getattr(group, "roles", ())),
+        traits=traits,
     )
 
 
@@ -63,30 +67,34 @@ def choose_kernel(library: Sequence[KernelFile], spec: KernelSpec) -> KernelFile
     return None
 
 
-def lower_onto_library(
+def choose_kernels(
     backend_name: str,
     language: str,
     graph: Graph,
+    types: Mapping[str, TensorType],
+    groups: Sequence[NodeGroup],
     profile: Profile,
-    patterns: Sequence[Pattern],
     *,
     library: Sequence[KernelFile] | None = None,
     library_call: Mapping[str, str] | None = None,
     model: str = "",
     bindings: Mapping[str, int] | None = None,
 ) -> Plan:
-    """Plan `graph` onto the kernels of `language` (or `library`). `library_call` maps a kernel file name to
-    the vendor library it calls, for the report. With `bindings`, kernels are chosen for the concrete
-    shapes of that bucket (the plan keeps the symbolic graph and records the bindings)."""
-    types = verify(graph)
-    if bindings:
-        types = verify(specialize(graph, bindings))
+    """The plan stage: a kernel of `language` (or of `library`) for each of `groups` (the fused stage's
+    node groups of the verified `graph`), chosen for `types` (the specialized stage's: the concrete
+    shapes at `bindings`, or the symbolic ones without). `library_call` maps a kernel file name to
+    the vendor library it calls, for the report. The plan keeps the symbolic graph and records the
+    bindings."""
     library = list(kernel_library(language) if library is None else library)
     library_call = dict(library_call or {})
     chosen: list[PlanGroup] = []
 
+    # The chip's own traits (not only its arch's): configs are chosen from them, and kernels asked
+    # about them; the compile and the runtime build from the same (Plan.kernel_target).
+    chip = traits_of(profile) if profile.target.is_gpu else profile.target
+
     def plan_group(group: NodeGroup, kernel: KernelFile) -> PlanGroup:
-        config: dict[str, Any] = dict(kernel.configs_for(profile.target)[0])
+        config: dict[str, Any] = dict(kernel.configs_for(chip)[0])
         choice = KernelChoice(kernel_path(kernel), kernel.sha256, config, library_call.get(kernel.name))
         return PlanGroup(
             group.id,
@@ -98,13 +106,13 @@ def lower_onto_library(
             tuple(group.roles),
         )
 
-    for group in fuse(graph, patterns):
-        kernel = choose_kernel(library, kernel_spec(graph, group, types, profile.target))
+    for group in groups:
+        kernel = choose_kernel(library, kernel_spec(graph, group, types, chip))
         if kernel is not None:
             chosen.append(plan_group(group, kernel))
             continue
         for single in single_groups(graph, group):
-            kernel = choose_kernel(library, kernel_spec(graph, single, types, profile.target))
+            kernel = choose_kernel(library, kernel_spec(graph, single, types, chip))
             if kernel is None:
                 from polymorph.pipeline.backend import registry
 
@@ -131,7 +139,8 @@ def lower_onto_library(
 
 class KernelLibraryBackend(Backend):
     """A backend whose plans are its kernel language's files (cpu, cuda and rocm, neuron): `lower` fuses
-    by the backend's patterns and picks a kernel file for each group (lower_onto_library)."""
+    by the backend's patterns and picks a kernel file for each group (the compile stages up to the
+    plan: polymorph/pipeline/stages.py)."""
 
     patterns: ClassVar[tuple[str, ...]] = ()  # fusion patterns, by name (polymorph.passes)
     library_calls: ClassVar[Mapping[str, str]] = {}  # kernel file name -> the library it calls
@@ -148,13 +157,7 @@ class KernelLibraryBackend(Backend):
         *,
         unfused: Collection[str] = (),
     ) -> Plan:
+        from polymorph.pipeline.stages import lower_graph
+
         check_profile(self, profile)
-        return lower_onto_library(
-            self.name,
-            self.language,
-            graph,
-            profile,
-            select_patterns(p for p in self.fusion_patterns(bindings) if p not in unfused),
-            library_call=self.library_calls,
-            bindings=bindings,
-        )
+        return lower_graph(self, graph, profile, bindings, unfused=unfused)

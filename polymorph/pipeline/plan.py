@@ -49,6 +49,43 @@ class Plan:
     groups: list[PlanGroup]
     model: str = ""
     schema_version: int = SCHEMA_VERSION
+    # What the compile stages already made, kept in memory so that later stages do not make it again
+    # (never saved: a plan loaded from disk computes them on first use).
+    lowered_profile: Any = field(default=None, repr=False, compare=False)  # the hardware Profile
+    _concrete: tuple[Graph, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    _chip: Any = field(default=None, repr=False, compare=False)  # kernel_target's traits
+
+    def concrete(self) -> tuple[Graph, dict[str, Any]]:
+        """The graph specialized to the plan's bindings, and its types: made once per plan."""
+        if self._concrete is None:
+            from polymorph.passes import specialize
+
+            graph = specialize(self.graph, self.bindings) if self.bindings else self.graph
+            self._concrete = (graph, graph.types())
+        return self._concrete
+
+    def kernel_target(self) -> Any:
+        """What the plan's kernel files are asked about and built for: the traits of the chip the plan
+        was lowered for (polymorph/hardware/traits.py; its profile, loaded once per plan where the plan
+        came from disk), or the Target itself for a chip that is not a GPU."""
+        from polymorph.hardware.target import Target
+        from polymorph.hardware.traits import traits_of
+
+        target = Target.parse(self.target)
+        if not target.is_gpu:
+            return target
+        if self._chip is None:
+            profile = self.lowered_profile
+            if profile is None:  # traits are vendor figures: the shipped profile, no calibration read
+                from polymorph.hardware.profile import load_profile_vendor
+
+                profile = load_profile_vendor(self.profile)
+            self._chip = traits_of(profile)
+        return self._chip
+
+    def keep_concrete(self, graph: Graph, types: dict[str, Any]) -> None:
+        """Record the specialization the compile stages made (so `concrete` does not redo it)."""
+        self._concrete = (graph, types)
 
     def group(self, group_id: str) -> PlanGroup:
         for g in self.groups:

@@ -18,14 +18,16 @@ from polymorph.search.agents import GroupSpace
 from polymorph.search.registry import group_signatures
 from polymorph.serving.traffic import Bucket, TrafficShape
 
-TOOLCHAIN_PACKAGES = {"cpu": ("torch",), "cuda": ("torch", "triton"), "rocm": ("torch", "triton"),
-                      "neuron": ("jax", "neuronx-cc")}  # fmt: skip
+# By kernel language (Backend.language): a new backend on an existing language needs no entry here.
+TOOLCHAIN_PACKAGES = {"torch": ("torch",), "triton": ("torch", "triton"), "xla": ("jax", "neuronx-cc")}
 
 
 def toolchain(backend: str) -> str:
     """The versions a measurement depends on, e.g. "cuda: torch 2.11.0, triton 3.6.0"."""
+    from polymorph.pipeline.backend import registry
+
     parts = []
-    for pkg in TOOLCHAIN_PACKAGES.get(backend, ("torch",)):
+    for pkg in TOOLCHAIN_PACKAGES.get(registry.get(backend).language, ("torch",)):
         try:
             parts.append(f"{pkg} {importlib.metadata.version(pkg)}")
         except importlib.metadata.PackageNotFoundError:

@@ -475,6 +475,24 @@ class TrafficShape:
         total = math.fsum(b.weight for b in found)
         return [Bucket(b.batch, b.ctx_lo, b.ctx_hi, b.weight / total) for b in found]
 
+    def prefill_buckets(self) -> list[Bucket]:
+        """Prefill buckets: one prompt per step (batch 1), by prompt length in the same context ranges
+        as the decode buckets, each at most the longest prompt; weights are the fraction of prefills
+        (of requests) whose prompt falls in the range, summing to 1. Prefix-cache hits are not taken
+        off the prompt: a hit still runs its prefill here (the cached tokens' attention is not free)."""
+        pmf = self.prompt.pmf()
+        cdf = np.cumsum(pmf) / pmf.sum()
+        last, top = len(cdf) - 1, self.prompt.upper()
+        found = []
+        for lo, hi in self._context_ranges():
+            if lo >= top:
+                break
+            share = float(cdf[min(hi, last)] - (cdf[min(lo, last)] if lo > 0 else 0.0))
+            if share > 0.0:
+                found.append(Bucket(1, lo, min(hi, top), share))
+        total = math.fsum(b.weight for b in found)
+        return [Bucket(b.batch, b.ctx_lo, b.ctx_hi, b.weight / total) for b in found]
+
     def _context_ranges(self) -> list[tuple[int, int]]:
         top = self.max_context
         if self.context_edges is None:

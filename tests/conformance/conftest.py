@@ -12,7 +12,8 @@ bug is fixed they XPASS, which fails: delete the `KnownBug` then.
 
 `pytest_generate_tests` below parametrizes every test here that asks for `entry`, `dtype` and
 `backend_name`, with ids like `rmsnorm-bf16-cpu` (a variant: `gelu.tanh-f32-cpu`). Backends come from
-the registry's names (no import, no probe); the tests probe lazily and skip with the probe's reason.
+the registry's names (no import, no probe); the tests probe lazily and skip with the probe's reason,
+and skip the cases a backend does not declare (test_ops.py: `required_patterns`).
 """
 
 from __future__ import annotations
@@ -314,7 +315,7 @@ class OpInfo:
     build: Callable[[DType], Graph]
     samples: Callable[[Graph, DType, np.random.Generator], list[Sample]]
     dtypes: tuple[DType, ...] = FLOATS
-    patterns: tuple[str, ...] = ()  # fused patterns the plan must contain
+    patterns: tuple[str, ...] = ()  # fused patterns it checks (a plan has those its backend declares)
     fusion_required: bool = True  # False: a backend may fuse the group or run it op by op
     known_bugs: tuple[KnownBug, ...] = field(default=())
 
@@ -490,7 +491,7 @@ def _entries() -> list[OpInfo]:
     add(OpInfo("cast.from_int", "cast", lambda d: cast(I32, d),
                leaf_samples(BATCH_SEQ, ints={"x": _ints(-300, 300)})))
 
-    # --- fused patterns the cpu backend opts into (the plan must contain the pattern's group)
+    # --- fused patterns (a backend that opts into one, with a kernel for it, must plan its group)
     swiglu = ("linear+silu*mul",)
     swiglu_samples = leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25})
     add(OpInfo("linear+silu*mul", "linear+silu*mul", swiglu_graph, swiglu_samples,

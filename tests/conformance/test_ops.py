@@ -1,5 +1,8 @@
 """Every op (and every fused pattern a backend opts into) on every runnable backend, against the
 reference interpreter, in every dtype of its conformance entry, with every config of its kernel.
+A backend is held to what it declares: the fused patterns it opts into (`patterns`, or
+`fusion_patterns` at no bindings) that its kernel library implements, and the ops its kernel files
+name in IMPLEMENTS; a case outside those is skipped with the reason.
 
 Each case: lower the entry's graph for the backend's first target, then for the plan as lowered and
 for each other config of each group's kernel, compile, load with the sample's weights, run with
@@ -80,10 +83,43 @@ def config_variants(plan: Plan) -> Iterator[tuple[str, Plan]]:
             yield label, dataclasses.replace(plan, groups=groups)
 
 
+def declared_patterns(backend: Backend) -> list[str]:
+    """The fusion patterns `backend` opts into for a plan made without bindings (as `lowered` makes
+    it) and that its kernel library implements (a kernel file's IMPLEMENTS)."""
+    fusion_patterns = getattr(backend, "fusion_patterns", None)
+    patterns = fusion_patterns(None) if fusion_patterns is not None else backend.patterns
+    implemented = backend.ops()
+    return [p for p in patterns if p in implemented]
+
+
+def required_patterns(entry: OpInfo, graph: Graph, backend: Backend) -> tuple[str, ...]:
+    """The groups the plan of `entry` must have on `backend`, read from what the backend declares, so
+    that a backend is held to its own patterns and ops, not to another's. Skips the case when the
+    backend opts into none of the entry's fused patterns, or (a single-op entry) its kernel library
+    implements no kernel for one of the graph's ops."""
+    if entry.patterns:
+        declared = declared_patterns(backend)
+        wanted = tuple(p for p in entry.patterns if p in declared)
+        if not wanted:
+            pytest.skip(
+                f"{backend.name} opts into none of {', '.join(entry.patterns)} with a kernel "
+                f"(its patterns with kernels: {', '.join(declared) or 'none'})"
+            )
+        return wanted if entry.fusion_required else ()
+    missing = sorted({n.op for n in graph.nodes} - backend.ops())
+    if missing:
+        pytest.skip(
+            f"the {backend.language} kernel library of {backend.name} implements no {', '.join(missing)}"
+        )
+    return (entry.op,) if entry.fusion_required else ()
+
+
 def lowered(entry: OpInfo, dtype: DType, backend: Backend) -> Plan:
-    plan = backend.lower(entry.build(dtype), load_profile(backend.targets[0]))
+    graph = entry.build(dtype)
+    required = required_patterns(entry, graph, backend)
+    plan = backend.lower(graph, load_profile(backend.targets[0]))
     patterns = [g.pattern for g in plan.groups]
-    for pattern in (entry.patterns or (entry.op,)) if entry.fusion_required else ():
+    for pattern in required:
         assert pattern in patterns, (
             f"the {backend.name} plan has no `{pattern}` group; its groups: {patterns}"
         )
@@ -293,11 +329,19 @@ def test_table_covers_every_op(op_table: tuple[OpInfo, ...]) -> None:
 
 
 def test_table_covers_cpu_patterns(op_table: tuple[OpInfo, ...]) -> None:
-    from polymorph.backends.cpu.backend import CPU_PATTERNS
-
+    cpu = registry.get("cpu")
     covered = {p for e in op_table for p in e.patterns}
-    missing = sorted(set(CPU_PATTERNS) - covered)
+    missing = sorted(set(cpu.patterns) - covered)
     assert not missing, f"cpu fusion patterns without a conformance entry: {', '.join(missing)}"
+    assert declared_patterns(cpu) == list(cpu.patterns), (
+        "a cpu fusion pattern has no kernel in kernels/torch/"
+    )
+
+
+def test_cpu_implements_every_op() -> None:
+    """The cpu backend runs any graph: no single-op case of it is skipped for a missing kernel."""
+    missing = sorted(set(OPS) - registry.get("cpu").ops())
+    assert not missing, f"ops without a kernel in kernels/torch/: {', '.join(missing)}"
 
 
 def test_allocate_state_without_state() -> None:

@@ -168,12 +168,15 @@ def test_uncalibrated_prediction_says_so_and_uses_the_vendor_roofline(tmp_path: 
     h200 = load_profile("h200", tmp_path)  # an empty calibration directory: vendor figures only
     p = costmodel.predict(lower("llama-tiny", h200), h200)
     assert not p.calibrated and p.basis.startswith("uncalibrated")
+    # The launch figure is the profile's own, with its source (a captured graph's per-kernel gap).
+    assert p.launch_overhead_s == h200.figure("launch_overhead").si == pytest.approx(0.93e-6)
+    assert "figures.launch_overhead" in p.launch_source and "figures.launch_overhead" in p.basis
     views = [k for k in p.kernels if k.bound == "view"]
     assert views and all(k.pattern in ("reshape", "slice") and k.predicted_s == 0 for k in views)
     for k in p.kernels:
         if k.bound == "view":  # the GPU runtime binds a reshape or a contiguous slice as a view
             continue
-        assert k.overhead_s == costmodel.DEFAULT_LAUNCH_OVERHEAD_S
+        assert k.overhead_s == p.launch_overhead_s
         assert k.memory_s == pytest.approx(k.bytes / 4.8e12)
         assert k.compute_s == pytest.approx(k.flops / h200.peak_flops(k.dtype))
 
@@ -208,9 +211,7 @@ def test_each_kernel_a_group_launches_pays_the_launch_overhead(tmp_path: Path) -
     plain = costmodel.predict(plan, h200)
     for g in attention:
         assert counted.row(g).overhead_s == pytest.approx(2 * plain.row(g).overhead_s)
-    assert counted.step_s == pytest.approx(
-        plain.step_s + len(attention) * costmodel.DEFAULT_LAUNCH_OVERHEAD_S
-    )
+    assert counted.step_s == pytest.approx(plain.step_s + len(attention) * plain.launch_overhead_s)
 
 
 def test_cpu_without_calibration_is_a_user_error(tmp_path: Path) -> None:
@@ -290,3 +291,167 @@ def test_to_dict_carries_the_rows_step_and_footprint(tiny_plan: Plan, cpu_profil
     d = costmodel.predict(tiny_plan, cpu_profile).to_dict()
     assert d["step_s"] > 0 and d["footprint"]["total_bytes"] > 0
     assert {"group", "pattern", "bytes", "flops", "predicted_s", "bound"} <= set(d["kernels"][0])
+
+
+# --- the model reads the plan: expert GEMMs per expert, the profile's launch figure, occupancy
+
+
+def moe_tiny() -> tuple[int, int, int, int]:
+    cfg = load_model("moe-tiny").config
+    assert cfg is not None
+    return cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.expert_intermediate_size
+
+
+@pytest.mark.parametrize("batch", [2, 32])
+def test_expert_gemms_are_priced_at_the_rows_per_expert(cpu_profile: Profile, batch: int) -> None:
+    """moe-tiny (E = 4 experts, top-2, D = 64, F = 96, f32) at a decode step of `batch` tokens, by hand:
+    uniform routing picks an expert with probability k/E per token, so A = E (1 - (1 - k/E)^batch)
+    experts are active, each with batch k / A rows; every active expert runs a gate+up GEMM
+    [rows, 64] x [192, 64]^T and a down GEMM [rows, 96] x [64, 96]^T at the fixed curve's rate for the
+    nearest measured M. Both GEMMs are below the curve's first size at either M, so they run at the
+    first point's rate: 0.01 TFLOP/s at M = 1, 0.02 at M = 16."""
+    e, k, d, f = moe_tiny()
+    assert (e, k, d, f) == (4, 2, 64, 96)
+    plan = lower("moe-tiny", cpu_profile, batch=batch, ctx=64)
+    row = costmodel.predict(plan, cpu_profile).row("layers.0.moe.experts")
+    active = e * (1 - (1 - k / e) ** batch)  # batch 2: 3 experts; batch 32: 4 (to 1e-9)
+    rows = batch * k / active  # batch 2: 4/3 rows each, nearest measured M = 1; batch 32: 16 rows, M = 16
+    rate = {2: 0.01e12, 32: 0.02e12}[batch]
+    expert_s = active * (2 * rows * d * 2 * f + 2 * rows * f * d) / rate
+    # The rest of the group's traffic: x [B, 1, 64] f32, routing weights and indices [B, 1, 2], out.
+    rest = batch * (64 * 4 + 2 * 4 + 2 * 4 + 64 * 4)
+    rest_s = rest / (20 * GB * (40 / 20))  # below 1 MiB: the read curve's first point, 40 GB/s
+    assert row.predicted_s == pytest.approx(expert_s + rest_s + 2e-6, rel=1e-9)
+    assert row.compute_s + row.memory_s == pytest.approx(expert_s + rest_s, rel=1e-9)
+    assert f"{active:.4g} of 4 experts active" in row.note and f"M = {rows:.4g}" in row.note
+    if batch == 32:
+        # The one-row rate (what the model charged before) would be twice this time.
+        assert active * (2 * rows * d * 2 * f + 2 * rows * f * d) / 0.01e12 > 1.9 * expert_s
+
+
+def test_expert_gemms_without_a_matmul_curve_are_their_roofline(tmp_path: Path) -> None:
+    """No matmul curve: each expert GEMM takes the larger of its FLOPs at the f32 peak and its weights'
+    and rows' bytes at the bandwidth (20 GB/s, 0.1 TFLOP/s), computed here by hand at batch 32."""
+    suite = dataclasses.replace(SUITE, curves=[c for c in SUITE.curves if c.name == "read_bandwidth"])
+    profile = calibrated(tmp_path, suite)
+    e, k, d, f = moe_tiny()
+    plan = lower("moe-tiny", profile, batch=32, ctx=64)
+    row = costmodel.predict(plan, profile).row("layers.1.moe.experts")
+    active = e * (1 - (1 - k / e) ** 32)
+    rows = 32 * k / active
+    expert_s = 0.0
+    for kk, n in ((d, 2 * f), (f, d)):
+        stream = (kk * n + rows * (kk + n)) * 4 / (20 * GB)
+        expert_s += active * max(stream, 2 * rows * kk * n / 0.1e12)
+    rest_s = 32 * (64 * 4 + 16 + 64 * 4) / (40 * GB)
+    assert row.predicted_s == pytest.approx(expert_s + rest_s + 2e-6, rel=1e-9)
+    # 16 f32 rows do about 6 FLOP per weight byte, above this machine's ridge of 0.1 TFLOP/s / 20 GB/s = 5.
+    assert row.bound == "compute"
+
+
+def test_expert_parallel_spreads_the_rows_over_the_devices_experts(cpu_profile: Profile) -> None:
+    """The plan of one device of EP=2 holds E/2 experts and serves half the rows: its expected active
+    experts are E/2 (1 - (1 - k/E)^T), computed against the model's E, not the device's."""
+    plan = lower("moe-tiny", cpu_profile, batch=2, ctx=64)
+    graph = plan.graph
+    by_name = {n.name: n for n in graph.nodes}
+    group = plan.group("layers.0.moe.experts")
+    (one,) = costmodel.expert_work(group, by_name, graph.types(), dict(plan.bindings))
+    (half,) = costmodel.expert_work(group, by_name, graph.types(), dict(plan.bindings), expert_parallel=2)
+    assert one.active == pytest.approx(3.0) and one.rows == pytest.approx(4 / 3)
+    assert half.total_experts == 8 and half.active == pytest.approx(4 * (1 - (1 - 2 / 8) ** 2))
+    assert half.rows == pytest.approx(2 * 2 / 2 / half.active)
+
+
+def test_the_prediction_names_its_launch_figure_and_where_it_comes_from(
+    tiny_plan: Plan, cpu_profile: Profile, tmp_path: Path
+) -> None:
+    p = costmodel.predict(tiny_plan, cpu_profile)
+    assert p.launch_overhead_s == pytest.approx(2e-6)
+    assert p.launch_source.startswith("measured (") and "fixed test number" in p.launch_source
+    assert "launch overhead 2 us per kernel, measured" in p.basis
+    # The H200's vendor profile without its calibration: the profile's figure, with its source.
+    h200 = costmodel.HardwareModel(load_profile("h200", tmp_path))
+    seconds, source = h200.launch_figure()
+    assert seconds == pytest.approx(0.93e-6)
+    assert "h200.toml figures.launch_overhead" in source and "evidence: derived" in source
+    assert "launch overhead 0.93 us per kernel" in h200.basis()
+    # With its calibration, the measured figure wins.
+    measured = costmodel.HardwareModel(
+        load_profile("h200", Path(__file__).parents[2] / "hwprofiles" / "measured")
+    )
+    assert measured.launch_figure()[1].startswith("measured (")
+    # A profile with no launch figure (trn2) says the default is assumed.
+    trn2 = costmodel.HardwareModel(load_profile("trn2", tmp_path))
+    assert trn2.launch_figure() == (
+        costmodel.DEFAULT_LAUNCH_OVERHEAD_S,
+        pytest.approx(trn2.launch_figure()[1]),
+    )
+    assert "assumed default" in trn2.launch_figure()[1]
+
+
+def test_every_gpu_profile_has_a_launch_figure_with_a_source(tmp_path: Path) -> None:
+    for pid in ("h100", "h200", "b200", "gb300", "mi300x", "mi355x"):
+        fig = load_profile(pid, tmp_path).figure("launch_overhead")
+        assert fig is not None and fig.source and 0 < fig.si < 1e-4, pid
+        assert "graph" in (fig.note or "") + fig.source, pid  # it says which gap it is
+
+
+def test_lower_occupancy_predicts_a_longer_time(tiny_plan: Plan, cpu_profile: Profile) -> None:
+    """Memory time scales by min(1, occupancy / SATURATING_OCCUPANCY); compute time does not."""
+    sat = costmodel.SATURATING_OCCUPANCY
+    plain = costmodel.predict(tiny_plan, cpu_profile)
+    groups = [k.group for k in plain.kernels]
+    full = costmodel.predict(tiny_plan, cpu_profile, occupancy={g: 1.0 for g in groups})
+    assert full.step_s == pytest.approx(plain.step_s)  # at or above saturation: no change
+    low = costmodel.predict(tiny_plan, cpu_profile, occupancy={g: (sat / 4, "registers") for g in groups})
+    assert low.step_s > plain.step_s
+    norm = "layers.0.attn.norm"  # a norm: memory-bound, no matmul
+    assert low.row(norm).bandwidth_factor == pytest.approx(0.25)
+    assert low.row(norm).memory_s == pytest.approx(4 * plain.row(norm).memory_s)
+    assert low.row(norm).compute_s == plain.row(norm).compute_s
+    assert "limited by registers" in low.row(norm).note
+    # A projection priced by its measured rate: its operands stream no faster than the lowered bandwidth.
+    graph = tiny_plan.graph
+    by_name = {n.name: n for n in graph.nodes}
+    for group in tiny_plan.groups:
+        gemm = costmodel._matmul_shape(group, by_name, graph.types(), dict(tiny_plan.bindings))
+        if gemm is not None:
+            row = low.row(group.id)
+            assert row.predicted_s - row.overhead_s >= gemm[1] / (20 * GB * 0.25) * (1 - 1e-9)
+            assert row.predicted_s >= plain.row(group.id).predicted_s
+
+
+def test_the_report_reads_occupancy_from_the_compiled_resources(
+    tiny_plan: Plan, cpu_profile: Profile
+) -> None:
+    """plan_report prices each kernel from its resources: the same plan with its kernels resident at a
+    low occupancy is predicted slower, and the row says why."""
+    sat = costmodel.SATURATING_OCCUPANCY
+    high = costmodel.plan_report(tiny_plan, lambda g: {"occupancy": 1.0}, profile=cpu_profile)
+    low = costmodel.plan_report(
+        tiny_plan, lambda g: {"occupancy": sat / 2, "limited_by": "shared memory"}, profile=cpu_profile
+    )
+    none = costmodel.plan_report(tiny_plan, lambda g: {}, profile=cpu_profile)
+    assert high.predicted_step_s == pytest.approx(none.predicted_step_s)
+    assert low.predicted_step_s > high.predicted_step_s
+    norm = next(k for k in low.kernels if k.group == "layers.0.attn.norm")
+    assert "occupancy" in norm.note and "limited by shared memory" in norm.note
+    assert "launch overhead 2 us per kernel, measured" in low.prediction
+
+
+def test_a_pipelined_kernel_with_enough_bytes_staged_counts_as_saturated(tmp_path: Path) -> None:
+    """Little's law with the report's units, on the H200's vendor figures (4.8 TB/s, 132 SMs): a unit at
+    one block per SM whose staged tiles hold at least bw x latency / SMs bytes keeps its bandwidth; the
+    same unit without a pipeline does not."""
+    hw = costmodel.HardwareModel(load_profile("h200", tmp_path))
+    need = 4.8e12 * costmodel.ASSUMED_MEMORY_LATENCY_S / 132
+    low = costmodel.SATURATING_OCCUPANCY / 2
+    unit = {"unit": "gemm", "occupancy": low, "limited_by": "shared memory", "num_stages": 4,
+            "blocks_per_unit": 1, "shared_dynamic_bytes": int(need * 4 / 3) + 64}  # fmt: skip
+    staged = costmodel.streaming_occupancy({"units": [unit]}, hw)
+    flat = costmodel.streaming_occupancy({"units": [{**unit, "num_stages": 1}]}, hw)
+    assert staged is not None and flat is not None
+    assert costmodel.occupancy_factor(staged[0]) == 1.0
+    assert flat == (low, "shared memory (gemm)") and costmodel.occupancy_factor(flat[0]) == pytest.approx(0.5)
+    assert costmodel.streaming_occupancy({}, hw) is None

@@ -44,6 +44,7 @@ def test_every_requested_variable_is_a_knob() -> None:
         "POLYMORPH_CPU_THREADS",
         "POLYMORPH_PLAIN",
         "POLYMORPH_SANDBOX",
+        "POLYMORPH_PROFILES",
     }
 
 
@@ -205,3 +206,20 @@ def test_child_environ_carries_overrides() -> None:
         "POLYMORPH_MEMORY_LIMIT_GB": "2.0",
     }
     assert base == {"PATH": "/bin", "POLYMORPH_ENGINE": "tcp://x:1"}
+
+
+def test_path_list_splits_on_pathsep_and_expands_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    assert knobs.profile_dirs == ()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("POLYMORPH_PROFILES", f"~/a{os.pathsep}{os.pathsep}/b/c")
+    assert knobs.profile_dirs == (tmp_path / "a", Path("/b/c"))
+    with knobs.scope(profile_dirs=[tmp_path / "x", "y"]):
+        assert knobs.profile_dirs == (tmp_path / "x", Path("y"))
+        assert knobs.child_environ({})["POLYMORPH_PROFILES"] == f"{tmp_path / 'x'}{os.pathsep}y"
+    monkeypatch.setenv("POLYMORPH_PROFILES", os.pathsep)
+    with pytest.raises(UserError, match="POLYMORPH_PROFILES"):
+        _ = knobs.profile_dirs

@@ -41,10 +41,10 @@ def test_gpu_properties() -> None:
     m = Target.parse("rocm:gfx942")
     assert h.is_gpu and m.is_gpu
     assert not Target.parse("cpu").is_gpu and not Target.parse("neuron:trn2").is_gpu
-    assert h.warp_size == 32
-    assert m.warp_size == 64
-    assert Target.parse("neuron:trn2").warp_size is None
-    assert Target.parse("cpu").warp_size is None
+    assert h.warp_sizes == (32,)
+    assert m.warp_sizes == (32, 64)  # CDNA wave64, RDNA wave32: a chip's own width is its profile's
+    assert Target.parse("neuron:trn2").warp_sizes == ()
+    assert Target.parse("cpu").warp_sizes == ()
     assert m.gfx_arch == "gfx942"
     assert m.triton_arch == "gfx942"
     assert (h.compute_unit, m.compute_unit, Target.parse("neuron:trn2").compute_unit) == (

@@ -28,7 +28,9 @@ SHORT_BUDGET_S = 3.0
 @dataclass(frozen=True)
 class Trick:
     file: str
-    gate: str | None  # the gate that must reject it (None: the one running when the worker was lost)
+    # The gate that must reject it (None: the one running when the worker was lost), or gates one of
+    # which must.
+    gate: str | tuple[str, ...] | None
     stage: str  # the recorded fault's stage (the gate's name, or hang/crash when the worker is lost)
     cause: str  # text the recorded cause contains
     restarts: int = 0  # workers lost (beyond the retirement every candidate's worker gets)
@@ -52,7 +54,15 @@ TRICKS = [
     Trick("constant_output.py", gates.INPUT_DEPENDENCE, gates.INPUT_DEPENDENCE, "constant or cached answer"),
     Trick("shape_specialized.py", gates.NUMERICS, gates.NUMERICS, "seq "),
     Trick("exits_process.py", gates.NUMERICS, "crash", "the worker died", restarts=1),
-    Trick("late_write_thread.py", gates.COMPLETION, gates.COMPLETION, "work still running after return"),
+    # Which gate sees a late write depends on when the freeze lands after the answer: within the settle
+    # window, completion; before the write, the outputs are unwritten (numerics, output_prefill); on a
+    # loaded host the freeze can come after the 20 ms write for some calls, and a later gate sees it.
+    Trick(
+        "late_write_thread.py",
+        (gates.COMPLETION, gates.NUMERICS, gates.OUTPUT_PREFILL, gates.CHECKED),
+        gates.COMPLETION,
+        "",
+    ),
     Trick("low_precision.py", gates.NUMERICS, gates.NUMERICS, "rounding of bf16"),
     Trick("raises_at_run.py", gates.NUMERICS, gates.NUMERICS, "raised IndexError: tile 3 out of range"),
     Trick("segfault.py", gates.NUMERICS, "crash", "the worker died", restarts=1),
@@ -111,11 +121,15 @@ def assert_rejected(engine: Controller, trick: Trick, seed: int) -> None:
     else:
         assert swap.ok and report is not None, (trick.file, swap)  # it builds; the gates catch it
         assert not report.ok and report.measurement is None
-        if trick.gate is not None:
+        if isinstance(trick.gate, tuple):
+            failed = [g for g in report.gates if g.name in trick.gate and g.verdict == "fail"]
+            assert failed, (trick.file, report.gates)
+        elif trick.gate is not None:
             gate = report.gate(trick.gate)
             assert gate.verdict == "fail" and trick.cause in gate.cause, (trick.file, gate)
         assert faults == report.faults
-    assert any(f.stage == trick.stage and trick.cause in f.cause for f in faults), (trick.file, faults)
+    stages = trick.gate if isinstance(trick.gate, tuple) else (trick.stage,)
+    assert any(f.stage in stages and trick.cause in f.cause for f in faults), (trick.file, faults)
     assert all(f.group == trick.group and f.kernel == str(HERE / trick.file) for f in faults)
     assert engine.restarts == restarts + trick.restarts, trick.file
     assert engine.pid != pid, trick.file  # whatever the verdict, the worker it ran in is retired

@@ -247,22 +247,27 @@ def test_interpreted(case: str, interpreter_run: InterpreterRun) -> None:
 def test_decode_configs_take_both_paths() -> None:
     """At the interpreted decode shape (3 sequences, 80-token table) some configs take one split and
     some several, for each target and GQA ratio."""
+    from polymorph.hardware.traits import traits_for
+
     module = kernel("decode_attention", interpret=False).module
     for target in (CUDA, ROCM):
-        units = module._compute_units(target)
+        traits = traits_for(target)
         for kv_heads in (HEADS, HEADS // 4):
-            splits = {module._split_plan(3, kv_heads, 80, c, units)[0] for c in module.configs(target)}
+            splits = {module._split_plan(3, kv_heads, 80, c, traits.units)[0] for c in module.configs(traits)}
             assert 1 in splits and max(splits) > 1, f"{target} kv_heads={kv_heads}: splits {splits}"
 
 
 def test_decode_fills_h200() -> None:
     """Batch 1, 8 kv heads: 1k-8k contexts put at least 128 programs on H200's 132 SMs."""
+    from polymorph.hardware.traits import traits_for
+
     module = kernel("decode_attention", interpret=False).module
-    config = module.configs(CUDA)[0]
+    traits = traits_for(CUDA)
+    config = module.configs(traits)[0]
     for ctx in (1024, 2048, 4096, 8192):
-        occ = module.occupancy(1, 8, ctx, config, CUDA)
+        occ = module.occupancy(1, 8, ctx, config, traits)
         assert occ["compute_units"] == 132 and occ["ctas"] >= 128, (ctx, occ)
-    assert module.occupancy(1, 8, 8192, config, CUDA)["ctas"] == 256
+    assert module.occupancy(1, 8, 8192, config, traits)["ctas"] == 256
 
 
 # --- which file takes which spec ------------------------------------------------------------------------

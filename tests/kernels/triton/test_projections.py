@@ -478,12 +478,14 @@ def test_supports_limits() -> None:
 
 def test_configs_reach_both_paths() -> None:
     """The interpreted shapes take the GEMV (M <= GEMV_MAX_M) and the tl.dot path; split-K is exercised."""
+    from polymorph.hardware.traits import traits_for
+
     lin = kernel("linear", interpret=False)
     assert max(m for m, _, _ in SHAPES) > lin.module.GEMV_MAX_M >= min(m for m, _, _ in SHAPES)
     assert any(c["split_k"] > 1 for c in lin.configs_for(CUDA))
     for target in (CUDA, ROCM):
         for c in lin.configs_for(target):
-            _, consts = lin.module._plan(33, 48, 1, c, 2, target.warp_size)
+            _, consts = lin.module._plan(33, 48, 1, c, 2, traits_for(target).warp_size)
             assert consts["SPLIT_K"] == (c["split_k"] if 48 % c["split_k"] == 0 else 1)
 
 
