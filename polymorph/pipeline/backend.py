@@ -148,8 +148,9 @@ class Backend(ABC):
         `bindings` (a traffic bucket's dims: batch, seq, ctx_blocks, cache_blocks) are the shapes the
         plan is made and predicted for; kernels may be chosen for them. `unfused` names fusion patterns
         of the backend's table not to use (tensor parallelism keeps the residual add out of the
-        row-parallel projections). The plan keeps the graph as given. An op without a kernel raises
-        UserError naming the op and the backends that have one.
+        row-parallel projections). The plan keeps the graph symbolic (a kernel-library backend's, after the
+        compile stages' dce: polymorph/pipeline/stages.py). An op without a kernel raises UserError
+        naming the op and the backends that have one.
         """
 
     @abstractmethod

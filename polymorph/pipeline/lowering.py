@@ -142,7 +142,6 @@ class KernelLibraryBackend(Backend):
     by the backend's patterns and picks a kernel file for each group (the compile stages up to the
     plan: polymorph/pipeline/stages.py)."""
 
-    patterns: ClassVar[tuple[str, ...]] = ()  # fusion patterns, by name (polymorph.passes)
     library_calls: ClassVar[Mapping[str, str]] = {}  # kernel file name -> the library it calls
 
     def fusion_patterns(self, bindings: Mapping[str, int] | None) -> Sequence[str]:
