@@ -357,13 +357,23 @@ def build(spec, config, target):
 """
 
 
-def test_candidate_hanging_only_when_timed_is_recorded(engine: Controller, tmp_path: Path) -> None:
+def test_candidate_hanging_only_when_timed_is_recorded(
+    engine: Controller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gates call a group a few hundred times at most; timing rounds then grow 8, 32, 128, 512
+    calls until one takes MIN_ROUND_S: with that set far above what those take, and no round size
+    remembered from earlier tests, the 501st call lands inside timing whatever the host's speed."""
+    from polymorph.engine import timing
+
+    monkeypatch.setattr(timing, "MIN_ROUND_S", 30.0)
+    engine.round_sizes.clear()
     pid = engine.pid
     engine.budget_s = 1.5
     try:
         _, report = engine.try_candidate(GROUP, write(tmp_path, "hangs_when_timed", HANGS_WHEN_TIMED), seed=9)
     finally:
         engine.budget_s = 20.0
+        engine.round_sizes.clear()  # sizes grown for the 30 s rounds are not the next tests'
     assert report is not None and not report.ok
     assert all(report.gate(n).ok for n in (*gates.GROUP_GATES, *gates.MODEL_GATES))
     timed = report.gate(gates.CHECKED)
