@@ -21,6 +21,7 @@ import importlib.util
 import pkgutil
 import re
 import sys
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -241,11 +242,17 @@ class Registry:
         self._sources: dict[str, Source] = {}
         self._unlisted: list[tuple[str, str]] = []  # (what, why): entry points that are not backends here
         self._discovered = False
+        self._lock = threading.Lock()  # threads ask at once (the demo loads an engine in one)
 
     def _discover(self) -> None:
         if self._discovered:
             return
-        self._discovered = True
+        with self._lock:
+            if not self._discovered:
+                self._discover_now()
+                self._discovered = True  # only once every source is in: another thread reads them
+
+    def _discover_now(self) -> None:
         try:
             self._sources.update(in_tree_sources())
         except Exception as e:  # an unreadable install must not take the entry points down
