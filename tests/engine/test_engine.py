@@ -396,5 +396,5 @@ def test_input_fingerprints_see_every_small_change() -> None:
 def test_an_engine_on_a_backend_without_hot_reload_is_refused(tmp_path: Path) -> None:
     from polymorph.errors import UserError
 
-    with pytest.raises(UserError, match="not neuron"):
+    with pytest.raises(UserError, match="not `neuron`, which does not declare it"):
         start_detached("llama-tiny", "neuron", log=tmp_path / "worker.log")
