@@ -333,12 +333,13 @@ def print_table(results: dict) -> None:
         if r["system"] == "kernels":
             total = sum(k["s"] for k in r["kernels"])
             print(
-                f"\nkernels at batch {r['batch']}, ctx {r['ctx']} (graph replay, cold L2; sum {total * 1e3:.3f} ms):"
+                f"\nkernels at batch {r['batch']}, ctx {r['ctx']} (graph replay, cold L2; sum {total * 1e3:.3f} ms; "
+                "range: (max - min) / median of the replay trials):"
             )
             for k in r["kernels"]:
                 print(
                     f"  {k['group'][:52]:<54}{k['s'] * 1e6:8.1f} us {k['gb_s']:8.0f} GB/s {k['copy_fraction']:6.0%}"
-                    f" +-{k['spread']:.0%}"
+                    f" range {k['spread']:.0%}"
                 )
                 sweep = k.get("sweep", [])
                 for i, c in enumerate(sweep):
@@ -349,10 +350,14 @@ def print_table(results: dict) -> None:
             continue
         if r["system"] == "prefill-kernels":
             total = sum(k["s"] for k in r["kernels"])
-            print(f"\nprefill {r['prefill']} kernels (graph replay; sum {total * 1e3:.2f} ms):")
+            print(
+                f"\nprefill {r['prefill']} kernels (graph replay; sum {total * 1e3:.2f} ms; range: (max - min) / median):"
+            )
             for k in r["kernels"]:
                 if not k["group"].startswith("layers.") or k["group"].startswith("layers.0."):
-                    print(f"  {k['group'][:52]:<54}{k['s'] * 1e6:9.1f} us +-{k['spread']:.0%}  {k['kernel']}")
+                    print(
+                        f"  {k['group'][:52]:<54}{k['s'] * 1e6:9.1f} us range {k['spread']:.0%}  {k['kernel']}"
+                    )
             continue
         if "prefill" in r:
             print(

@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || { echo "usage: bench/h200_session.sh STEP... (smoke tests microbench engine decode decode-b8 prefill moe tune tp)" >&2; exit 2; }
+[ ${#STEPS[@]} -gt 0 ] || { echo "usage: bench/h200_session.sh STEP... (smoke tests microbench engine decode-b1 decode decode-b8 prefill moe tune tp)" >&2; exit 2; }
 DEADLINE=${DEADLINE:-580}
 python -m pip install --quiet --no-deps --no-build-isolation . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ROOT=$PWD
@@ -42,6 +42,9 @@ case "$1" in
     run engine-swap 240 python "$ROOT/bench/engine_swap.py" --model llama-3.2-1b --backend cuda \
       --target h200 --dtype bf16 --ctx 1024 --group layers.0.mlp.down+residual \
       --kernel triton/linear_residual.py --candidates 8 --out "$OUT/engine-swap.json" ;;
+  decode-b1)  # issue 20: batch 1 at 1k first, with every kernel's bandwidth (split-K attention, PDL)
+    run decode-b1 300 python "$ROOT/bench/decode.py" --batch 1 --ctx 1024 --peers reduce-overhead \
+      --kernels --steps 100 --out "$OUT/decode-b1.json" ;;
   decode)  # issue 3: every decode point of the table (reduce-overhead, the best mode at batch 1 and 32)
     run decode 560 python "$ROOT/bench/decode.py" --batch 1 8 32 64 --ctx 1024 8192 --peers reduce-overhead \
       --steps 100 --out "$OUT/decode.json" ;;

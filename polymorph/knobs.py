@@ -14,6 +14,9 @@ ignored; a value that does not parse raises `UserError` naming the variable and 
 Overrides (`scope`, attribute assignment) win over the environment; an override of `None` means
 "use the default", whatever the environment says. Child processes (the engine worker) should be
 started with `knobs.child_environ()` so that they see the same values, overrides included.
+
+It also reads `XDG_DATA_HOME` (`knobs.data_dir`, where the board and the registry live unless told
+otherwise), so that nothing is written into the working directory unasked.
 """
 
 from __future__ import annotations
@@ -275,6 +278,37 @@ class PathListKnob(Knob[tuple[Path, ...]]):
         return os.pathsep.join(str(p) for p in value)
 
 
+def data_dir() -> Path:
+    """polymorph's data directory: `$XDG_DATA_HOME/polymorph`, else `~/.local/share/polymorph`.
+
+    As the XDG base-directory spec says, an unset, empty or relative `XDG_DATA_HOME` is ignored.
+    Read at call time (HOME and XDG_DATA_HOME may change after import); creating it is the writer's
+    business (`polymorph.search.board.SqliteFile` makes it, mode 0700, on first use).
+    """
+    xdg = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = (
+        Path(xdg)
+        if xdg and "\x00" not in xdg and Path(xdg).is_absolute()
+        else Path.home() / ".local" / "share"
+    )
+    return base / "polymorph"
+
+
+class DataFileKnob(PathKnob):
+    """A file path knob whose default is a file in `data_dir()` (shown with `~` for the home directory)."""
+
+    def __init__(self, env: str, filename: str, doc: str) -> None:
+        super().__init__(env, None, doc)
+        self.filename = filename
+
+    def default(self) -> Path:
+        return data_dir() / self.filename
+
+    def default_text(self) -> str:
+        path, home = self.default(), Path.home()
+        return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
 @dataclass(frozen=True)
 class KnobInfo:
     """One row of `knobs.describe()`: for `polymorph knobs` and the README table."""
@@ -308,10 +342,18 @@ class Knobs:
         "cache for compiled artifacts, downloaded configs and candidate kernels",
     )
     backend = StrKnob("POLYMORPH_BACKEND", "cpu", "backend used when a command is given no --backend")
-    board = PathKnob(
-        "POLYMORPH_BOARD", "polymorph-board.sqlite", "message board SQLite file of the search loop"
+    board = DataFileKnob(
+        "POLYMORPH_BOARD",
+        "board.sqlite",
+        "message board SQLite file of `polymorph board` (a tune's own: its --board, else OUT/board.sqlite); "
+        "unset: board.sqlite in $XDG_DATA_HOME/polymorph (~/.local/share/polymorph)",
     )
-    registry = PathKnob("POLYMORPH_REGISTRY", "polymorph-registry.sqlite", "champion registry SQLite file")
+    registry = DataFileKnob(
+        "POLYMORPH_REGISTRY",
+        "registry.sqlite",
+        "champion registry SQLite file; unset: registry.sqlite in $XDG_DATA_HOME/polymorph "
+        "(~/.local/share/polymorph)",
+    )
     agent_api_key = SecretKnob(
         "POLYMORPH_AGENT_API_KEY", None, "bearer key for `tune --agent-endpoint` (an OpenAI-compatible API)"
     )
@@ -343,6 +385,11 @@ class Knobs:
 
     def __init__(self) -> None:
         self._overrides: dict[str, object] = {}
+
+    @property
+    def data_dir(self) -> Path:
+        """polymorph's data directory (from XDG_DATA_HOME, not a POLYMORPH_* variable): see `data_dir()`."""
+        return data_dir()
 
     @classmethod
     def all(cls) -> list[Knob[Any]]:

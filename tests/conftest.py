@@ -5,13 +5,17 @@ HYPOTHESIS_PROFILE picks the profile: `dev` (default) or `ci` (what `nox -s test
 A test marked `cuda`, `rocm` or `neuron` is skipped, with the reason, unless that device is here.
 Nothing is probed at import: a device is looked for once, and only when a test with its marker has
 been collected.
+
+No test writes into the real home: XDG_DATA_HOME (where the board and the registry live by default)
+points at a fresh temporary folder for the whole session, and POLYMORPH_BOARD / POLYMORPH_REGISTRY
+are unset, in this process and in every process a test starts.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,18 @@ def _neuron_absent() -> str | None:
     if Path("/dev/neuron0").exists():
         return None
     return "needs an AWS Trainium device: /dev/neuron0 does not exist"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's own XDG data directory (polymorph's default board and registry go there)."""
+    patch = pytest.MonkeyPatch()
+    data = tmp_path_factory.mktemp("xdg-data")
+    patch.setenv("XDG_DATA_HOME", str(data))
+    for env in ("POLYMORPH_BOARD", "POLYMORPH_REGISTRY"):
+        patch.delenv(env, raising=False)
+    yield data
+    patch.undo()
 
 
 _DEVICE_MARKERS: dict[str, Callable[[], str | None]] = {

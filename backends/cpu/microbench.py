@@ -29,10 +29,12 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
+from polymorph.cli import console
 from polymorph.errors import UserError
 from polymorph.hardware import microbench
 from polymorph.hardware.microbench import (
@@ -52,6 +54,7 @@ MATMUL_WIDTHS = (256, 512, 1024, 2048)  # K = N: hidden sizes of small decoders
 QUICK_MATMUL_ROWS = (1, 16)
 QUICK_MATMUL_WIDTHS = (256, 1024)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+T = TypeVar("T")
 ATTN_CONTEXTS = (256, 1024, 4096, 16384)  # tokens of K and V per decode attention call
 QUICK_ATTN_CONTEXTS = (256, 4096)
 ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM = 32, 8, 64  # Llama-3.2-1B's attention
@@ -108,7 +111,7 @@ def op_overhead(trials: int = 9) -> Measurement:
         "us",
         f"mean of {len(_OP_MIX)} small torch ops on [1, 64] f32 ({'; '.join(_OP_MIX)}), inference mode, "
         f"median of {trials} trials after 50 warm-up calls",
-        note=f"spread {t.spread:.0%}",
+        note=f"spread {t.spread:.0%}, (max - min) / median of the trials",
     )
 
 
@@ -257,23 +260,37 @@ def _measure(quick: bool) -> SuiteResult:
     sizes = QUICK_BANDWIDTH_SIZES if quick else BANDWIDTH_SIZES
     rows = QUICK_MATMUL_ROWS if quick else MATMUL_ROWS
     widths = QUICK_MATMUL_WIDTHS if quick else MATMUL_WIDTHS
-    overhead_s = bare_op_seconds(trials)  # what the curves are net of
-    op = op_overhead(trials)
-    kernel_call, step = runtime_overheads(trials)
-    read = read_bandwidth(sizes, overhead_s, trials)
-    copy = copy_bandwidth(sizes, overhead_s, trials)
-    attention = attention_decode(QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS, overhead_s, trials)
-    curves = [read, copy, attention] + [matmul_curve(key, rows, widths, overhead_s, trials) for key in DTYPES]
-    largest = copy.values[-1]
-    figures = [
-        Measurement(
-            "figures.memory_bandwidth",
-            largest,
-            "GB/s",
-            f"torch copy_ of {sizes[-1] >> 20} MiB f32, reads plus writes, {_threads()}, median of {trials}",
-        ),
-        *(matmul_rate(key, n=512 if quick else 1024, trials=3 if quick else 5) for key in DTYPES),
-    ]
+    steps = 6 + 2 * len(DTYPES)
+    with console.progress(steps, "cpu microbenchmarks") as advance:  # shown by the CLI only, on stderr
+
+        def done(value: T, what: str) -> T:
+            advance(note=f"{what} measured")
+            return value
+
+        overhead_s = done(bare_op_seconds(trials), "bare op")  # what the curves are net of
+        op = done(op_overhead(trials), "op overhead")
+        kernel_call, step = done(runtime_overheads(trials), "runtime overheads")
+        read = done(read_bandwidth(sizes, overhead_s, trials), "read bandwidth")
+        copy = done(copy_bandwidth(sizes, overhead_s, trials), "copy bandwidth")
+        contexts = QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS
+        attention = done(attention_decode(contexts, overhead_s, trials), "decode attention")
+        matmuls = [
+            done(matmul_curve(key, rows, widths, overhead_s, trials), f"{key} matmuls") for key in DTYPES
+        ]
+        curves = [read, copy, attention, *matmuls]
+        largest = copy.values[-1]
+        figures = [
+            Measurement(
+                "figures.memory_bandwidth",
+                largest,
+                "GB/s",
+                f"torch copy_ of {sizes[-1] >> 20} MiB f32, reads plus writes, {_threads()}, median of {trials}",
+            ),
+            *(
+                done(matmul_rate(key, n=512 if quick else 1024, trials=3 if quick else 5), f"{key} peak")
+                for key in DTYPES
+            ),
+        ]
     return SuiteResult(figures, kernel_call, curves, step_overhead=step, op_overhead=op)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from polymorph.backends import device_probe
+from polymorph.cli import console
 from polymorph.cost.model import plan_report
 from polymorph.errors import UserError
 from polymorph.hardware.target import Target
@@ -108,12 +109,15 @@ class TritonBackend(KernelLibraryBackend):
         compiled: dict[str, Any] = {}  # specialization key -> CompiledUnit (identical layers compile once)
         resources: dict[str, dict[str, Any]] = {}
         files: dict[str, list[str]] = {}
-        for group in plan.groups:
-            kernel = load_choice(group.kernel.file, group.kernel.sha256)
-            spec = kernel_spec(concrete, group, types, chip)
-            units = kernel.compile_units(spec, group.kernel.config, chip)
-            resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled, chip)
-            resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, chip)
+        what = f"compiling {len(plan.groups)} kernels for {target}"
+        with console.progress(len(plan.groups), what) as advance:  # shown by the CLI only, on stderr
+            for group in plan.groups:
+                kernel = load_choice(group.kernel.file, group.kernel.sha256)
+                spec = kernel_spec(concrete, group, types, chip)
+                units = kernel.compile_units(spec, group.kernel.config, chip)
+                resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled, chip)
+                resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, chip)
+                advance(note=f"{len(compiled)} distinct units")
         artifact = Artifact(plan, plan_report(plan, resources_of=lambda g: resources[g.id]), out_dir)
         for k in artifact.report.kernels:
             artifact.report.warnings += resource_warnings(k.group, k.resources)

@@ -42,10 +42,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from polymorph.backends.gpu.timing import ROTATE_MAX_BYTES, graph_seconds
+from polymorph.cli import console
 from polymorph.errors import UserError
 from polymorph.hardware import microbench
 from polymorph.hardware import profile as hw
@@ -67,6 +69,7 @@ MATMUL_WEIGHTS = ((2048, 2048), (2048, 8192), (8192, 2048), (2048, 3072), (2048,
 QUICK_MATMUL_ROWS = (1, 16)
 QUICK_MATMUL_WEIGHTS = ((2048, 2048), (2048, 128256))
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+T = TypeVar("T")
 PEAK_SIZE = 8192
 ATTN_CONTEXTS = (1024, 4096, 16384, 65536)  # tokens of K and V per decode attention call
 QUICK_ATTN_CONTEXTS = (1024, 16384)
@@ -102,29 +105,46 @@ def run_suite(profile: str, quick: bool = False, allreduce: bool = True) -> Suit
     sizes = QUICK_BANDWIDTH_SIZES if quick else BANDWIDTH_SIZES
     rows = QUICK_MATMUL_ROWS if quick else MATMUL_ROWS
     weights = QUICK_MATMUL_WEIGHTS if quick else MATMUL_WEIGHTS
-    _warm_up_device()
-    overhead = launch_overhead(trials)
-    overhead_s = overhead.value * 1e-6
-    read = read_bandwidth(sizes, cache, overhead_s, trials, reps)
-    copy = copy_bandwidth(sizes, cache, overhead_s, trials, reps)
-    matmuls = [matmul_curve(key, rows, weights, cache, overhead_s, trials, reps) for key in DTYPES]
-    attention = attention_decode(
-        QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS, cache, overhead_s, trials, reps
-    )
-    figures = [
-        Measurement(
-            "figures.memory_bandwidth",
-            read.values[-1],
-            "GB/s",
-            f"{read.method}, at {microbench.describe_key(sizes[-1])}",
-        ),
-        *(matmul_rate(key, PEAK_SIZE, trials=3 if quick else 7, reps=4 if quick else 10) for key in DTYPES),
-    ]
-    unrecorded: list[Measurement] = []
-    latency = None
-    if allreduce and torch.cuda.device_count() > 1:
-        bus, latency = allreduce_rates(QUICK_ALLREDUCE_SIZES if quick else ALLREDUCE_SIZES, trials)
-        unrecorded = [bus]
+    reduce = allreduce and torch.cuda.device_count() > 1
+    steps = 5 + 2 * len(DTYPES) + reduce
+    with console.progress(steps, f"{profile} microbenchmarks") as advance:  # the CLI's only, on stderr
+
+        def done(value: T, what: str) -> T:
+            advance(note=f"{what} measured")
+            return value
+
+        done(_warm_up_device(), "warm-up")
+        overhead = done(launch_overhead(trials), "launch overhead")
+        overhead_s = overhead.value * 1e-6
+        read = done(read_bandwidth(sizes, cache, overhead_s, trials, reps), "read bandwidth")
+        copy = done(copy_bandwidth(sizes, cache, overhead_s, trials, reps), "copy bandwidth")
+        matmuls = [
+            done(matmul_curve(key, rows, weights, cache, overhead_s, trials, reps), f"{key} matmuls")
+            for key in DTYPES
+        ]
+        contexts = QUICK_ATTN_CONTEXTS if quick else ATTN_CONTEXTS
+        attention = done(attention_decode(contexts, cache, overhead_s, trials, reps), "decode attention")
+        figures = [
+            Measurement(
+                "figures.memory_bandwidth",
+                read.values[-1],
+                "GB/s",
+                f"{read.method}, at {microbench.describe_key(sizes[-1])}",
+            ),
+            *(
+                done(
+                    matmul_rate(key, PEAK_SIZE, trials=3 if quick else 7, reps=4 if quick else 10),
+                    f"{key} peak",
+                )
+                for key in DTYPES
+            ),
+        ]
+        unrecorded: list[Measurement] = []
+        latency = None
+        if reduce:
+            sizes_ar = QUICK_ALLREDUCE_SIZES if quick else ALLREDUCE_SIZES
+            bus, latency = done(allreduce_rates(sizes_ar, trials), "all-reduce")
+            unrecorded = [bus]
     return SuiteResult(
         figures, overhead, [read, copy, attention, *matmuls], unrecorded, allreduce_latency=latency
     )
@@ -160,7 +180,7 @@ def launch_overhead(trials: int, launches: int = LAUNCHES) -> Measurement:
         note=(
             f"spread {replay.spread:.0%}; launched from the host instead (device events around "
             f"{launches} back-to-back calls from Python): {launched.seconds * 1e6:.3g} us per call, "
-            f"spread {launched.spread:.0%}"
+            f"spread {launched.spread:.0%} ((max - min) / median of the trials)"
         ),
     )
 
@@ -278,7 +298,7 @@ def matmul_rate(key: str, n: int = PEAK_SIZE, trials: int = 7, reps: int = 10) -
         "TFLOP/s",
         f"torch matmul {n}x{n}x{n} {key} on random data, {_graph_kind()} replay of {reps}, median of "
         f"{trials}",
-        note=f"spread {t.spread:.0%}",
+        note=f"spread {t.spread:.0%}, (max - min) / median of the trials",
     )
 
 
@@ -306,14 +326,14 @@ def allreduce_rates(sizes: Sequence[int], trials: int) -> tuple[Measurement, Mea
             bus[-1],
             "GB/s",
             f"{method}, at {microbench.describe_key(sizes[-1])}",
-            note=f"{why}; by size: {by_size}; spread {spreads[-1]:.0%}",
+            note=f"{why}; by size: {by_size}; spread {spreads[-1]:.0%} ((max - min) / median of the trials)",
         ),
         Measurement(
             "allreduce_latency",
             seconds[0] * 1e6,
             "us",
             f"{method}, at {microbench.describe_key(sizes[0])}",
-            note=f"spread {spreads[0]:.0%}",
+            note=f"spread {spreads[0]:.0%}, (max - min) / median of the trials",
         ),
     )
 

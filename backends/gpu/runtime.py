@@ -1,6 +1,10 @@
 """The GPU executable: weights and the paged KV cache in device memory, Triton launches per node
 group, and each decode step's launches captured once in a CUDA graph (a HIP graph on ROCm, through
-the same torch API) and replayed.
+the same torch API) and replayed. Inside a captured graph the kernels that take programmatic dependent
+launch (decode attention, the projections: kernels/triton/_pdl.py) are captured with launch_pdl=True
+where the profile and the installed Triton allow it, chosen when each kernel is built, so a kernel's
+launch and prologue overlap the tail of the one before and it waits (griddepcontrol.wait) before it
+reads what that one wrote; the interpreter path runs them without.
 
 Kernels are chosen per shape bucket: a step with new dims (batch, seq, ctx_blocks) is lowered for
 those dims the first time it is seen (decode and prefill pick different attention kernels). On a

@@ -23,6 +23,12 @@ _INTERPRETED = _i.INTERPRETED
 round_to = _i.round_to  # the kernel files take it from here too
 # Configs and launch options per chip, from its traits.
 _t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
+# Programmatic dependent launch where the arch and the installed Triton take it: the projection kernels
+# take USE_GDC (gdc_wait before reading the activations) and launch with launch_pdl (_pdl.py).
+_g = depend("triton/_pdl.py", "7809e3ede67d44565604f0e698b9a8bf3482361de988ea8e9015fe96a0627986")
+gdc = _g.enabled  # the kernel files take these from here
+gdc_wait = _g.gdc_wait
+gdc_launch_dependents = _g.gdc_launch_dependents
 
 # The tiles written for 64-wide waves (CDNA3/4; not measured: no AMD machine here), for the files that
 # share this core: 4 waves are 256 lanes, so a 16-byte load a lane covers 2048 bf16 of K; MFMA-friendly
@@ -152,7 +158,7 @@ def options(config: dict[str, Any], use_dot: bool, traits: Any) -> dict[str, Any
         opts = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     else:
         opts = {"num_warps": config["gemv_warps"], "num_stages": 1}
-    return {**opts, **_t.extra_options(config, traits)}
+    return {**opts, **_t.extra_options(config, traits), **_g.launch_options(traits)}
 
 
 def shared(config: dict[str, Any]) -> int:
@@ -216,7 +222,9 @@ def row_block(k: int) -> int:
 def launch_plan(
     config: dict[str, Any], m: int, k: int, elem: int, traits: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tile constexprs, launch options) for a launch of M rows: the one source for build and AOT."""
+    """(tile constexprs, launch options) for a launch of M rows: the one source for build and AOT.
+    USE_GDC with the tiles: the kernel waits for its predecessor (PDL) where the launch options take
+    launch_pdl."""
     cfg = skinny(config, m, traits)
     t = tiles(k, m, cfg, elem, traits.warp_size)
-    return t, options(cfg, t["USE_DOT"], traits)
+    return {**t, "USE_GDC": gdc(traits)}, options(cfg, t["USE_DOT"], traits)

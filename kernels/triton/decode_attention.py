@@ -4,7 +4,7 @@ cache_attention for S <= 4 new tokens per sequence (decode, or a few speculative
 independent: token (b, s) attends to logical positions 0..positions[b, s] of sequence b, whose cache
 blocks are block_table[b, :] (shuffled, shared or not: only the table says where a block lives).
 
-Two kernels:
+The kernels:
   split   grid (batch, kv_heads, splits). A program holds every query row of one kv head group (the
           S x H/Hkv rows that share it, padded to a tl.dot tile), so K and V are read once per group,
           and walks its share of the sequence's logical tokens BLOCK_N at a time, gathering each
@@ -12,7 +12,16 @@ Two kernels:
           log2 e); writes the unnormalised partial (acc, max, sumexp) per split. A split past the end
           of its sequence (ragged contexts: length = max_s positions[b, s] + 1) exits at once.
   reduce  grid (batch * S * H,): merges a row's valid splits and writes q.dtype output.
-With a single split the split kernel writes the output itself and there is no reduce launch.
+  one     S = 1 (plain decode) takes `_decode_one_kernel` in place of split, grid (kv_heads, splits,
+          batch): the same partials, but a static tile loop (SPLIT_TOKENS / BLOCK_N tiles), so a
+          split's table and cache loads are addressed from static bounds and issued with the position
+          load rather than after it (only their masks wait on it), and a split is one tile where it
+          fits (`_one_plan`: the tile the power of two at or above the tokens a split takes, up to
+          `one_block_n`; on an H200 at batch 1, 16 splits of 64 tokens at 1k and 32 of 256 at 8k).
+With a single split the split (or one) kernel writes the output itself and there is no reduce launch.
+Where the target takes programmatic dependent launch (_pdl.py) every kernel here waits for its
+predecessor (griddepcontrol.wait) in every program before any read, then lets its dependents launch,
+and is launched with launch_pdl; under the interpreter, or on a target without it, neither.
 
 Splits are chosen at build/launch from ctx_blocks (the table's width, the longest context the step may
 have) so that batch x kv_heads x splits is about `ctas_per_cu` programs per SM/CU of the target,
@@ -26,7 +35,8 @@ Constraints (supports): cuda or rocm; one cache_attention node; q and both cache
 (f32, bf16, f16); block table and positions i32 or i64; 1 <= S <= MAX_SEQ (4) query tokens per
 sequence; concrete heads, kv heads and block size; head dim a power of two in [16, 256].
 
-Config keys: block_n (cache tokens per step of a split), min_split_tokens (the shortest split),
+Config keys: block_n (cache tokens per step of a split), one_block_n (the largest tile of the one-token
+kernel, block_n where absent), min_split_tokens (the shortest split; the smallest one-token tile),
 ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages; the arch's
 launch options (waves_per_eu) where it takes them.
 """
@@ -50,14 +60,16 @@ MAX_SEQ = 4  # query tokens per sequence handled here; prefill_attention.py take
 # one), lowered for a split shorter than that; min_split_tokens: the least work a split is given;
 # ctas_per_cu: programs per SM/CU to aim for (2: enough loads in flight per SM to stream HBM at
 # decode's tiny arithmetic intensity). On an H200 (Triton 3.6), Llama-3.2-1B heads, bf16, the first
-# config was the fastest or within 3% of it at batch 1/8/32 and 1k-8k contexts.
+# config was the fastest or within 3% of it at batch 1/8/32 and 1k-8k contexts. one_block_n: the largest
+# tile of the one-token path (S = 1; block_n where absent): 256 tokens (8 warps) won at 8k on an H200
+# (bench/h200_decode_kernels_results.json).
 _WARP32_CONFIGS = [
-    {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2},
+    {"block_n": 128, "one_block_n": 256, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2},
     {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 3},
     {"block_n": 64, "min_split_tokens": 128, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 2},
     {"block_n": 256, "min_split_tokens": 256, "ctas_per_cu": 2, "num_warps": 8, "num_stages": 2},
     {"block_n": 32, "min_split_tokens": 32, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 3},
-]
+]  # fmt: skip
 # Written for 64-wide waves (CDNA; not measured): 4 warps are 256 lanes; waves_per_eu trades VGPRs
 # for occupancy.
 _WAVE64_CONFIGS = [
@@ -80,6 +92,8 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _UPCAST_DOT = _i.INTERPRETED
 # Configs and launch options per chip, from its traits.
 _t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
+# Programmatic dependent launch where the arch and the installed Triton take it (see _pdl.py).
+_g = depend("triton/_pdl.py", "7809e3ede67d44565604f0e698b9a8bf3482361de988ea8e9015fe96a0627986")
 
 
 def configs(traits: Any) -> list[dict[str, Any]]:
@@ -109,10 +123,14 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,  # S * H / HKV query rows, padded to a power of two >= 16
     IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
+    USE_GDC: tl.constexpr,  # launched with PDL: wait for the previous kernel before reading q or the cache
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
     sp = tl.program_id(2)
+    if USE_GDC:  # every program, before any read or early exit (_pdl.py)
+        _g.gdc_wait()
+        _g.gdc_launch_dependents()
     REP = H // HKV
 
     r = tl.arange(0, ROWS)
@@ -178,6 +196,101 @@ def _decode_split_kernel(
 
 
 @triton.jit
+def _decode_one_kernel(
+    q_ptr,  # [B, 1, H, D]
+    k_ptr,  # [cache_blocks, BS, HKV, D]
+    v_ptr,  # [cache_blocks, BS, HKV, D]
+    table_ptr,  # [B, CTX_BLOCKS] int
+    pos_ptr,  # [B, 1] int
+    out_ptr,  # [B, 1, H, D], written when NUM_SPLITS == 1
+    part_acc_ptr,  # [B * H, NUM_SPLITS, D] f32 unnormalised sum p v, when NUM_SPLITS > 1
+    part_m_ptr,  # [B * H, NUM_SPLITS] f32 running max (log2 domain)
+    part_l_ptr,  # [B * H, NUM_SPLITS] f32 sum of exp2
+    SCALE: tl.constexpr,  # softmax scale * log2(e)
+    H: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    CTX_BLOCKS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr,  # a whole number of BLOCK_N tiles
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,  # H / HKV query rows, padded to a power of two >= 16
+    IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
+    USE_GDC: tl.constexpr,  # launched with PDL: wait for the previous kernel before reading q or the cache
+):
+    """Split-K over the context for one query token per sequence: grid (kv_heads, splits, batch). The
+    tile loop has a static trip count (SPLIT_TOKENS / BLOCK_N), so the table and cache loads of a split
+    are addressed from its static bounds and issued with the position load, not after it; only their
+    masks (tokens 0..pos) wait on it. A split wholly past its sequence's end exits after the wait."""
+    g = tl.program_id(0)
+    sp = tl.program_id(1)
+    b = tl.program_id(2)
+    if USE_GDC:  # every program, before any read or early exit (_pdl.py)
+        _g.gdc_wait()
+        _g.gdc_launch_dependents()
+    REP = H // HKV
+    r = tl.arange(0, ROWS)
+    row_ok = r < REP
+    h = g * REP + tl.minimum(r, REP - 1)  # [ROWS] query head (padding rows repeat the last)
+    d = tl.arange(0, D)
+    n = tl.arange(0, BLOCK_N)
+    pos = tl.load(pos_ptr + b).to(tl.int32)
+    n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)  # tokens this sequence's query sees
+    start = sp * SPLIT_TOKENS
+    if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
+        if start >= n_tok:  # past the end of this sequence: the reduce reads no partial of it
+            return
+    row = b * H + h  # [ROWS]
+    q = tl.load(q_ptr + row[:, None].to(tl.int64) * D + d[None, :])  # [ROWS, D]
+    q = tl.where(row_ok[:, None], q, 0.0)
+
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for i in range(0, SPLIT_TOKENS, BLOCK_N):
+        t = start + i + n  # [BLOCK_N] logical token
+        in_table = t < CTX_BLOCKS * BS
+        blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=in_table, other=0)
+        seen = in_table & (t < n_tok)  # [BLOCK_N] a slot past the end is never read (it may hold NaN)
+        kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
+        k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, BLOCK_N] f32
+        elif _UPCAST_DOT:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = tl.where(seen[None, :], qk * SCALE, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with nothing visible
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        elif _UPCAST_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + row[:, None].to(tl.int64) * D + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+    else:
+        part = row.to(tl.int64) * NUM_SPLITS + sp  # [ROWS]
+        tl.store(part_acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+
+
+@triton.jit
 def _decode_reduce_kernel(
     part_acc_ptr,  # [B * S * H, NUM_SPLITS, D] f32
     part_m_ptr,  # [B * S * H, NUM_SPLITS] f32
@@ -191,8 +304,12 @@ def _decode_reduce_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     SPLIT_TOKENS: tl.constexpr,
+    USE_GDC: tl.constexpr,  # launched with PDL: wait for the split kernel before reading its partials
 ):
     row = tl.program_id(0)  # (b * S + s) * H + h
+    if USE_GDC:
+        _g.gdc_wait()
+        _g.gdc_launch_dependents()
     pos = tl.load(pos_ptr + row // H).to(tl.int32)
     n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)
     n_valid = (n_tok + SPLIT_TOKENS - 1) // SPLIT_TOKENS  # splits that saw a token of this row
@@ -224,6 +341,30 @@ def _split_plan(
     block_n = min(config["block_n"], max(16, 1 << (tokens.bit_length() - 1)))  # largest power of 2 <= tokens
     split_tokens = triton.cdiv(tokens, block_n) * block_n
     return triton.cdiv(ctx_tokens, split_tokens), split_tokens, block_n
+
+
+def _one_plan(
+    batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], units: int
+) -> tuple[int, int, int]:
+    """(splits, tokens per split, BLOCK_N) of the one-token path: `ctas_per_cu` programs on every
+    SM/CU where the context allows, one tile a split where it fits: the tile the power of two at or
+    above the tokens each wanted split would take, in [min_split_tokens, one_block_n (else block_n)] and no longer than the
+    context (at least 16, a tl.dot tile). On an H200 at batch 1 (8 kv heads, 132 SMs, the first
+    config): 16 splits of 64 tokens at 1k, 32 of 256 at 8k (bench/h200_decode_kernels_results.json)."""
+    want = triton.cdiv(config["ctas_per_cu"] * units, batch * hkv)
+    tokens = triton.cdiv(ctx_tokens, want)
+    low = max(16, triton.next_power_of_2(config["min_split_tokens"]))
+    tile = min(
+        max(triton.next_power_of_2(tokens), low), max(low, config.get("one_block_n", config["block_n"]))
+    )
+    tile = max(16, min(tile, triton.next_power_of_2(ctx_tokens)))
+    split_tokens = triton.cdiv(tokens, tile) * tile
+    return triton.cdiv(ctx_tokens, split_tokens), split_tokens, tile
+
+
+def _one_warps(config: dict[str, Any], block_n: int, warp_size: int) -> int:
+    """Warps of the one-token kernel: the config's, or one lane per token of a wider tile."""
+    return max(config["num_warps"], block_n // warp_size)
 
 
 # --- the contract -------------------------------------------------------------------------------------
@@ -267,13 +408,15 @@ def _params(
     scale: float,
     dtype: str,
     config: dict[str, Any],
-    units: int,
+    traits: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The split and reduce kernels' constexprs for one concrete shape."""
-    splits, split_tokens, block_n = _split_plan(batch, hkv, ctx_blocks * bs, config, units)
+    """The split (S = 1: one-token) and reduce kernels' constexprs for one concrete shape."""
+    gdc = _g.enabled(traits)
+    plan = _one_plan if s == 1 else _split_plan
+    splits, split_tokens, block_n = plan(batch, hkv, ctx_blocks * bs, config, traits.units)
     split = {
         "SCALE": float(scale) * _LOG2E,
-        "S": s,
+        **({} if s == 1 else {"S": s}),
         "H": h,
         "HKV": hkv,
         "D": d,
@@ -284,6 +427,7 @@ def _params(
         "BLOCK_N": block_n,
         "ROWS": max(16, triton.next_power_of_2(s * (h // hkv))),
         "IEEE": dtype == "f32",
+        "USE_GDC": gdc,
     }
     reduce = {
         "H": h,
@@ -293,21 +437,37 @@ def _params(
         "NUM_SPLITS": splits,
         "SPLITS_P2": triton.next_power_of_2(splits),
         "SPLIT_TOKENS": split_tokens,
+        "USE_GDC": gdc,
     }
     return split, reduce
 
 
-def _options(config: dict[str, Any], traits: Any) -> dict[str, Any]:
+def _split_kernel(split: dict[str, Any]) -> Any:
+    return _decode_split_kernel if "S" in split else _decode_one_kernel
+
+
+def _grid(split: dict[str, Any], batch: int) -> tuple[int, int, int]:
+    if "S" in split:
+        return (batch, split["HKV"], split["NUM_SPLITS"])
+    return (split["HKV"], split["NUM_SPLITS"], batch)
+
+
+def _options(config: dict[str, Any], traits: Any, split: dict[str, Any]) -> dict[str, Any]:
+    warps = config["num_warps"]
+    if "S" not in split:
+        warps = _one_warps(config, split["BLOCK_N"], traits.warp_size)
     return {
-        "num_warps": config["num_warps"],
+        "num_warps": warps,
         "num_stages": config["num_stages"],
         **_t.extra_options(config, traits),
+        **_g.launch_options(traits),
     }
 
 
-def _reduce_options(reduce: dict[str, Any]) -> dict[str, Any]:
+def _reduce_options(reduce: dict[str, Any], traits: Any) -> dict[str, Any]:
     # the [SPLITS_P2, D] fp32 partials in registers: about 32 values a lane
-    return {"num_warps": max(1, min(8, reduce["SPLITS_P2"] * reduce["D"] // 1024)), "num_stages": 1}
+    warps = max(1, min(8, reduce["SPLITS_P2"] * reduce["D"] // 1024))
+    return {"num_warps": warps, "num_stages": 1, **_g.launch_options(traits)}
 
 
 def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
@@ -318,9 +478,9 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     _, s, h, d = q_t.shape
     _, bs, hkv, _ = kc_t.shape
     dtype = str(q_t.dtype)
-    options = _options(config, traits)
-    units = traits.units
-    cache: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+    cache: dict[
+        tuple[int, int], tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
+    ] = {}
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         q, kc, vc, table, pos = (inputs[i] for i in args)
@@ -331,8 +491,12 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
             return
         key = (batch, ctx_blocks)
         if key not in cache:
-            cache[key] = _params(s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, units)
-        split, reduce = cache[key]
+            split, reduce = _params(s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, traits)
+            cache[key] = (
+                _split_kernel(split), split, _options(config, traits, split), reduce,
+                _reduce_options(reduce, traits),
+            )  # fmt: skip
+        kernel, split, options, reduce, reduce_options = cache[key]
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         splits = split["NUM_SPLITS"]
         if splits == 1:
@@ -341,12 +505,10 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
             part_acc = torch.empty((batch * s * h, splits, d), dtype=torch.float32, device=q.device)
             part_m = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
             part_l = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
-        _decode_split_kernel[(batch, hkv, splits)](
-            q, kc, vc, table, pos, o, part_acc, part_m, part_l, **split, **options
-        )
+        kernel[_grid(split, batch)](q, kc, vc, table, pos, o, part_acc, part_m, part_l, **split, **options)
         if splits > 1:
             _decode_reduce_kernel[(batch * s * h,)](
-                part_acc, part_m, part_l, pos, o, **reduce, **_reduce_options(reduce)
+                part_acc, part_m, part_l, pos, o, **reduce, **reduce_options
             )
         if o is not out:
             out.copy_(o)
@@ -368,9 +530,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
             f"{table_t} (specialize the graph to a traffic bucket first)"
         )
     dtype = str(q_t.dtype)
-    split, reduce = _params(
-        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits.units
-    )
+    split, reduce = _params(s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits)
     data, table, pos = (
         "*" + _TRITON_DTYPE[dtype],
         "*" + _TRITON_DTYPE[str(table_t.dtype)],
@@ -391,7 +551,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     }
     units = [
         CompileUnit(
-            "decode_attention.split", _decode_split_kernel, split_sig, split, _options(config, traits)
+            "decode_attention.split", _split_kernel(split), split_sig, split, _options(config, traits, split)
         )
     ]
     if split["NUM_SPLITS"] > 1:
@@ -405,17 +565,25 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         }
         units.append(
             CompileUnit(
-                "decode_attention.reduce", _decode_reduce_kernel, reduce_sig, reduce, _reduce_options(reduce)
+                "decode_attention.reduce",
+                _decode_reduce_kernel,
+                reduce_sig,
+                reduce,
+                _reduce_options(reduce, traits),
             )
         )
     return units
 
 
-def occupancy(batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], traits: Any) -> dict[str, Any]:
-    """How the split heuristic fills the chip `traits` describes at one shape (for reports and the
-    tuner's notes); `traits.units` is the smallest chip of its arch (traits_for)."""
+def occupancy(
+    batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], traits: Any, seq: int = 1
+) -> dict[str, Any]:
+    """How the split heuristic fills the chip `traits` describes at one shape, `seq` query tokens per
+    sequence (for reports and the tuner's notes); `traits.units` is the smallest chip of its arch
+    (traits_for)."""
     units = traits.units
-    splits, split_tokens, block_n = _split_plan(batch, hkv, ctx_tokens, config, units)
+    plan = _one_plan if seq == 1 else _split_plan
+    splits, split_tokens, block_n = plan(batch, hkv, ctx_tokens, config, units)
     ctas = batch * hkv * splits
     return {
         "splits": splits,

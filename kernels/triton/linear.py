@@ -91,7 +91,7 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _to = _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
 # (this file's GEMV splits K, so that tile is its own; its GEMM orders the tiles in groups along M).
-_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
+_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 _gemm_tile = _p.gemm_tile  # the tl.dot K loop; the grouped tile order around it is this file's
 
@@ -137,7 +137,10 @@ def _gemv_tile(x_ptr, w_rows, M, k_begin, K: tl.constexpr, K_SPAN: tl.constexpr,
 def _linear_gemv(x_ptr, w_ptr, b_ptr, y_ptr, M,
                  N: tl.constexpr, K: tl.constexpr, K_SPAN: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                 SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+        _p.gdc_wait()
+        _p.gdc_launch_dependents()
     # x: [M, K], w: [N, K], y: [M, N] (SPLIT_K == 1) or the fp32 workspace [SPLIT_K, M, N]
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,7 +176,10 @@ def _splitk_reduce(ws_ptr, b_ptr, y_ptr, MN, N: tl.constexpr, HAS_BIAS: tl.const
 def _linear_gemm(x_ptr, w_ptr, b_ptr, y_ptr, M,
                  N: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+        _p.gdc_wait()
+        _p.gdc_launch_dependents()
     # x: [M, K], w: [N, K], y: [M, N]; grouped order: GROUP_M row tiles share each W column tile in L2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -267,7 +273,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
         if m not in plans:
             cfg = _p.skinny(config, m, traits)
             path, consts = _plan(n, k, m, cfg, elem, traits.warp_size)
-            plans[m] = (path, consts, _p.options(cfg, path == "gemm", traits))
+            plans[m] = (path, {**consts, "USE_GDC": _p.gdc(traits)}, _p.options(cfg, path == "gemm", traits))
         path, consts, opts = plans[m]
         if consts["HINT"]:
             _p.check_aligned("linear", x, w)
@@ -305,7 +311,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     elem = _p.ELEM_BYTES[str(x_t.dtype)]
     cfg = _p.skinny(config, m, traits)
     path, consts = _plan(n, k, m, cfg, elem, traits.warp_size)
-    consts = {**consts, "HAS_BIAS": has_bias}
+    consts = {**consts, "HAS_BIAS": has_bias, "USE_GDC": _p.gdc(traits)}
     opts = _p.options(cfg, path == "gemm", traits)
     ptrs = {"x_ptr": dt, "w_ptr": dt, "b_ptr": dt, "y_ptr": dt, "M": "i32"}
     if path == "gemm":

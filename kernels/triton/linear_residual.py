@@ -28,7 +28,7 @@ IMPLEMENTS = "linear+residual"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
+_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16): o_proj (2048 x 2048) 4.6-4.8 us with 2 rows x 2048 of K, 4 warps;
@@ -63,7 +63,10 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 def _linear_residual(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M,
                      N: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, RES_ROWS: tl.constexpr,
                      USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+        _p.gdc_wait()
+        _p.gdc_launch_dependents()
     # x: [M, K], w: [N, K], residual: [M, N] (RES_ROWS) or [N], y: [M, N]
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)

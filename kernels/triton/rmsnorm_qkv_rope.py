@@ -79,7 +79,7 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
+_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
@@ -150,7 +150,10 @@ def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_
                       K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
                       BS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+                      EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+        _p.gdc_wait()
+        _p.gdc_launch_dependents()
     # h: [M, K]; wq: [HQ*DH, K]; wk, wv: [HKV*DH, K]; positions: [B, S]; block_table: [B, CTX_BLOCKS];
     # q: [M, HQ*DH]; caches: [blocks, BS, HKV, DH]
     PAIRS: tl.constexpr = BLOCK_N // 2

@@ -37,7 +37,7 @@ IMPLEMENTS = "rmsnorm+linear+silu*mul"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "db646a8c9986d28f8b084af4394351b80c3b8343bcb05d16c2b47e855f7287dc")
+_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, F=8192, K=2048, 64 MB of weights): 8 interleaved rows (4 features) x
@@ -76,7 +76,10 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 def _rmsnorm_swiglu(x_ptr, wn_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, y_ptr, M, eps,
                     F: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+                    EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+        _p.gdc_wait()
+        _p.gdc_launch_dependents()
     # x: [M, K], w_norm: [K], w_gate / w_up: [F, K], y: [M, F]; BLOCK_N interleaved rows = BLOCK_N/2 features
     FEATURES: tl.constexpr = BLOCK_N // 2
     pid_n = tl.program_id(0)

@@ -51,7 +51,7 @@ def manifest_command(out: Path) -> str | None:
     """The command whose output `out` is, by its manifest; None when it has no readable manifest."""
     try:
         data = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("command"), str):
         return None

@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--unix", type=Path, help="a unix socket path instead of TCP")
     p.add_argument("--load", required=True, help="the load arguments, as JSON")
     args = p.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port {args.port}: expected 0-65535")
     harden_self()
     load_args = json.loads(args.load)
     options = {k: load_args[k] for k in ("dtype", "block_size") if load_args.get(k) is not None}
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             if args.unix is not None:
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                args.unix.unlink(missing_ok=True)
+                if args.unix.is_socket():  # a stale one (start_detached checked none listens); never a file
+                    args.unix.unlink()
                 listener.bind(str(args.unix))
                 address = protocol.format_address("unix", str(args.unix))
             else:
@@ -217,6 +220,10 @@ def start_detached(
     Its stderr goes to `log` (default: <cache dir>/engine/host-<time>.log)."""
     from polymorph.knobs import knobs
 
+    if unix is not None:
+        unix = _unix_path(unix)
+    elif isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise UserError(f"engine port {port!r}: expected an integer 0-65535 (0: any free port)")
     if log is None:
         log = Path(knobs.cache_dir) / "engine" / f"host-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log = Path(log)
@@ -243,6 +250,42 @@ def start_detached(
             raise UserError(f"the engine could not load {model}: {line[len('error: ') :]}")
         raise EngineError(f"the engine host did not start; see {log}")
     return line, proc.pid
+
+
+def _unix_path(unix: str | Path) -> Path:
+    """The absolute socket path an engine may listen on (its address then works from any directory);
+    UserError, one line, for a path that cannot be one or where something already listens."""
+    text = str(unix)
+    if not text.strip() or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise UserError(
+            f"--unix {text!r}: not a usable socket path; give a file path such as /tmp/engine.sock"
+        )
+    path = Path(text).expanduser().absolute()
+    if not path.parent.is_dir():
+        raise UserError(
+            f"--unix {path}: directory {path.parent} does not exist; create it or pick another path"
+        )
+    if len(os.fsencode(path)) > 107:  # sun_path holds 108 bytes with its NUL
+        raise UserError(f"--unix {path}: a unix socket path is at most 107 bytes, this one is "
+                        f"{len(os.fsencode(path))}; pick a shorter path")  # fmt: skip
+    if path.is_socket():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(5.0)  # a busy listener (its backlog full) counts as one that listens
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # stale: nothing listens, the host replaces it
+        except OSError:
+            raise UserError(f"--unix {path}: a socket there does not take connections but may be in use; "
+                            "remove it if it is stale, or pick another path") from None  # fmt: skip
+        else:
+            raise UserError(f"--unix {path}: something already listens there (an engine? `polymorph engine "
+                            f"stop --engine {path}`); stop it or pick another path")  # fmt: skip
+        finally:
+            probe.close()
+    elif path.exists() or path.is_symlink():
+        raise UserError(f"--unix {path}: a file that is not a socket is there; pick another path")
+    return path
 
 
 if __name__ == "__main__":

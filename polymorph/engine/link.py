@@ -271,20 +271,42 @@ class HostLink:
         self.address = address
         self.next_id = 0
         self._connect(budget_s)
-        self.host: dict[str, Any] = self.host_call("host_status", budget_s)
+        try:  # the handshake: whatever else listens at a wrong address fails here, in one line
+            self.host: dict[str, Any] = self.host_call("host_status", budget_s)
+        except (protocol.ProtocolError, WorkerLost, KeyError, TypeError, AttributeError) as e:
+            self.close()
+            why = (f"no answer within {budget_s:g} s" if isinstance(e, WorkerLost) else f"it answered {e}"
+                   if isinstance(e, protocol.ProtocolError) else "its answer is not an engine's")  # fmt: skip
+            raise EngineError(
+                f"{address} is not a polymorph engine ({why}); give the address `polymorph engine start` "
+                "printed"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
 
     def _connect(self, budget_s: float) -> None:
         if getattr(self, "sock", None) is not None:
             self.close()
-        kind, where = protocol.parse_address(self.address)
-        family = socket.AF_UNIX if kind == "unix" else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.settimeout(budget_s)
+        kind, where = protocol.parse_address(self.address)  # UserError: one line naming the fault
         try:
-            self.sock.connect(where)
-        except OSError as e:
-            self.sock.close()
-            raise EngineError(f"cannot connect to the engine at {self.address}: {e.strerror or e}") from None
+            if kind == "unix":
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(budget_s)
+                try:
+                    sock.connect(where)
+                except BaseException:
+                    sock.close()
+                    raise
+            else:  # a name or an IPv4/IPv6 address: each address it resolves to is tried in turn
+                sock = socket.create_connection(where, timeout=budget_s)
+        except (OSError, UnicodeError, OverflowError) as e:  # refused, no such socket, unknown host...
+            reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+            raise EngineError(
+                f"cannot connect to the engine at {self.address}: {reason}; is an engine running there? "
+                "`polymorph engine start MODEL` starts one and prints its address"
+            ) from None
+        self.sock = sock
         self.reader = self.sock.makefile("rb")
 
     @property

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -150,12 +151,56 @@ def format_address(kind: str, where: str) -> str:
     return f"{kind}://{where}"
 
 
-def parse_address(address: str) -> tuple[str, Any]:
-    """("tcp", (host, port)) or ("unix", path); ValueError naming the accepted forms."""
-    if address.startswith("unix://"):
-        return "unix", address[len("unix://") :]
-    if address.startswith("tcp://"):
-        host, _, port = address[len("tcp://") :].rpartition(":")
-        if host and port.isdigit():
-            return "tcp", (host, int(port))
-    raise ValueError(f"engine address {address!r}: expected tcp://HOST:PORT or unix:///PATH")
+ADDRESS_FORMS = "HOST:PORT, tcp://HOST:PORT ([::1]:PORT for IPv6), unix:///PATH or a socket PATH with a /"
+
+
+def parse_address(address: str, what: str = "engine address") -> tuple[str, Any]:
+    """("tcp", (host, port)) or ("unix", path) from `HOST:PORT`, `tcp://HOST:PORT`, `unix:///PATH` or a
+    bare path holding a `/`. A malformed address is a UserError (one line: `what`, the address, what is
+    wrong, the accepted forms); whether anything listens there is the connect's business."""
+    from polymorph.errors import UserError
+
+    def bad(why: str) -> UserError:
+        return UserError(f"{what} {address!r}: {why}; expected {ADDRESS_FORMS}")
+
+    text = address.strip()
+    if not text:
+        raise bad("it is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise bad("it holds a control character")
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        if scheme == "unix":
+            if not rest:
+                raise bad("no socket path after unix://")
+            return "unix", rest
+        if scheme != "tcp":
+            raise bad(f"unknown scheme {scheme + '://'!r}")
+        if not rest:
+            raise bad("no HOST:PORT after tcp://")
+    elif text.startswith(("tcp:", "unix:")):
+        raise bad(f"{text.split(':', 1)[0]}: must be followed by //")
+    elif "/" in text:  # a host has no slash: this is a socket path (`engine start --unix PATH`)
+        return "unix", str(Path(text).expanduser())
+    else:
+        rest = text
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        raise bad("no port (HOST:PORT)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host:
+            raise bad("no host between the brackets")
+    elif ":" in host:
+        raise bad("an IPv6 host goes in brackets, as in [::1]:PORT")
+    if not host:
+        raise bad("no host before the port")
+    if any(c.isspace() or c in "[]/@" for c in host):
+        raise bad(f"{host!r} is not a host name or IP address")
+    if not port:
+        raise bad("no port after the host")
+    if not (port.isascii() and port.isdigit()):
+        raise bad(f"port {port!r} is not a number")
+    if not 1 <= int(port) <= 65535:
+        raise bad(f"port {int(port)} is out of range (1-65535)")
+    return "tcp", (host, int(port))

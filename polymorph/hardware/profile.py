@@ -167,7 +167,14 @@ EVIDENCE: tuple[str, ...] = ("spec", "derived", "unverified")
 
 _PROFILE_KEYS = {"schema_version", "id", "name", "target", "backend", "note", "peak", "figures", "compiler"}
 # The `[compiler]` table of a GPU profile: facts about how Triton compiles for the arch (traits.py).
-_COMPILER_KEYS = {"triton_backend", "matrix_instruction", "pipeline_stages", "launch_options", "source"}
+_COMPILER_KEYS = {
+    "triton_backend",
+    "matrix_instruction",
+    "pipeline_stages",
+    "launch_options",
+    "programmatic_dependent_launch",
+    "source",
+}
 _CALIBRATION_KEYS = {
     "schema_version",
     "profile",
@@ -274,6 +281,37 @@ class ProfileRow(NamedTuple):
     source: str
 
 
+class FigureRow(NamedTuple):
+    """One figure of a chip with the datasheet's value and the measured one side by side ("" where
+    there is none), the measured one in the datasheet's unit where both exist."""
+
+    label: str
+    datasheet: str
+    measured: str
+    source: str  # the datasheet's source, then how the measured one was measured
+
+
+class ListingRow(NamedTuple):
+    """One chip of the `polymorph hw` list: datasheet and measured figures in separate fields, SI
+    (FLOP/s, bytes/s), None where there is none."""
+
+    id: str
+    name: str
+    target: str
+    bf16_datasheet: float | None
+    bf16_measured: float | None
+    bandwidth_datasheet: float | None
+    bandwidth_measured: float | None
+
+    @classmethod
+    def of(cls, p: Profile) -> ListingRow:
+        def si(fig: Figure | None) -> float | None:
+            return None if fig is None else fig.si
+
+        return cls(p.id, p.name, str(p.target), si(p.vendor_figure("peak.bf16")), si(p.measured_figure("peak.bf16")),
+                   si(p.vendor_figure("memory_bandwidth")), si(p.measured_figure("memory_bandwidth")))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Profile:
     """A chip's vendor figures, each with its source, and optionally its measured calibration.
@@ -356,6 +394,27 @@ class Profile:
             rows.append(ProfileRow("Figures", "none yet", _no_figures_hint(self)))
         if self.note:
             rows.append(ProfileRow("Note", self.note, ""))
+        return rows
+
+    def figure_rows(self) -> list[FigureRow]:
+        """One row per figure, vendor and measured in separate columns, in the fixed order; the
+        calibration's provenance is `calibration.provenance()`, said once rather than per row."""
+        measured = {f.name: f for f in self.calibration.figures} if self.calibration is not None else {}
+        vendor = {f.name: f for f in self.vendor}
+        rows = []
+        for fig in _in_order(tuple({**measured, **vendor}.values())):
+            v, m = vendor.get(fig.name), measured.get(fig.name)
+            sources = []
+            if v is not None:
+                source = v.source if v.evidence == "spec" else f"[{v.evidence}] {v.source}"
+                sources.append(source + (f" ({v.note})" if v.note else ""))
+            if m is not None:
+                sources.append(f"measured: {m.source}" + (f" ({m.note})" if m.note else ""))
+            shown = "" if m is None else _format(m) if v is None else _in_unit_of(m, v)
+            rows.append(FigureRow(_label(fig.name, self.target), "" if v is None else _format(v), shown,
+                                  "; ".join(sources)))  # fmt: skip
+        if not rows:
+            rows.append(FigureRow("Figures", "", "", f"none yet: {_no_figures_hint(self)}"))
         return rows
 
 
@@ -781,6 +840,13 @@ def _label(name: str, target: Target) -> str:
 
 def _format(fig: Figure) -> str:
     return f"{fig.value:,g} {fig.unit}".rstrip()
+
+
+def _in_unit_of(fig: Figure, like: Figure) -> str:
+    """`fig` in `like`'s unit (a measured 4,190.68 GB/s beside a datasheet's 4.8 TB/s: 4.19 TB/s)."""
+    if not like.value or not like.si:
+        return _format(fig)
+    return f"{fig.si * like.value / like.si:,.4g} {like.unit}".rstrip()
 
 
 def _no_figures_hint(profile: Profile) -> str:

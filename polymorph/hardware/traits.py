@@ -44,6 +44,9 @@ class Traits:
     pipeline_stages: int  # software-pipelining depth that suits the arch's async copies
     # Triton launch options the arch takes beyond num_warps and num_stages (waves_per_eu on AMD).
     launch_options: frozenset[str] = field(default_factory=frozenset)
+    # The arch takes programmatic dependent launch: a kernel may start while the one before it in the
+    # stream finishes, and waits for it where it calls griddepcontrol.wait (kernels/triton/_pdl.py).
+    programmatic_dependent_launch: bool = False
 
     @property
     def waves_per_simd(self) -> int:
@@ -104,6 +107,7 @@ def traits_of(profile: Profile) -> Traits:
         matrix_instruction=str(compiler["matrix_instruction"]),
         pipeline_stages=int(compiler["pipeline_stages"]),
         launch_options=frozenset(compiler.get("launch_options", ())),
+        programmatic_dependent_launch=bool(compiler.get("programmatic_dependent_launch", False)),
     )
 
 

@@ -234,7 +234,7 @@ def _read_raw_header(path: Path) -> tuple[dict[str, Any], int]:
         raise UserError(f"{path}: truncated safetensors header ({len(raw)} of {n} bytes); re-download it")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise UserError(f"{path}: bad safetensors header, not JSON ({e}); the file is corrupt") from None
     if not isinstance(header, dict):
         raise UserError(f"{path}: bad safetensors header, expected a JSON object")
@@ -303,7 +303,7 @@ def _checkpoint_files(model_dir: Path) -> list[tuple[Path, set[str] | None]]:
         return [(single, None)]
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise UserError(
             f"{index_path}: cannot read the checkpoint index ({e}); fix or re-download it"
         ) from None

@@ -350,6 +350,8 @@ def load_config(path: str | Path) -> ModelConfig:
         raise UserError(
             f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix or re-download it"
         ) from None
+    except RecursionError:
+        raise UserError(f"{p}: JSON nested too deeply to be a model config; fix or re-download it") from None
     return ModelConfig.from_hf(d, str(p))
 
 

@@ -150,6 +150,16 @@ def load_model(
         graph = serialize.load(path)
         verify(graph)
         return Model(name=graph.name, graph=graph, source=str(path.resolve()), seed=seed)
+    elif _names_a_path(text) and not path.exists():
+        raise UserError(
+            f"no such file or directory: {text}; MODEL is a zoo name, a Hugging Face model directory or "
+            "an IR .json file (`polymorph graph MODEL --json` writes one)"
+        )
+    elif path.is_file():
+        raise UserError(
+            f"{text}: MODEL is a file but not an IR .json graph; give a Hugging Face model directory (the "
+            "folder holding config.json), an IR .json file or a zoo name"
+        )
     else:
         raise UserError(
             f"unknown model `{text}`: not a zoo name, a model directory or an IR .json file; "
@@ -158,6 +168,12 @@ def load_model(
     graph = build_decoder(cfg, name=name, dtype=dt, block_size=block_size, all_logits=all_logits)
     graph.meta["seed"] = seed
     return Model(name=name, graph=graph, source=source, config=cfg, checkpoint=checkpoint, seed=seed)
+
+
+def _names_a_path(text: str) -> bool:
+    """Whether MODEL text is meant as a path, not a zoo name (none holds a slash or a dot first): it
+    holds a slash, ends in .json, or starts with `~` or `.`."""
+    return "/" in text or os.sep in text or text.endswith(".json") or text.startswith(("~", "."))
 
 
 def _stores_own_head(checkpoint: Path) -> bool:

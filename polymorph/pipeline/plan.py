@@ -135,6 +135,8 @@ class Plan:
             ) from None
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise UserError(f"{path}: JSON nested too deeply to be a plan") from None
         if d.get("schema_version") != SCHEMA_VERSION:
             raise UserError(
                 f"{path}: schema_version {d.get('schema_version')!r}, this polymorph reads {SCHEMA_VERSION}"

@@ -53,9 +53,19 @@ class SqliteFile:
         self.what = what  # "board", "registry": how messages name the file
         self._local = threading.local()
         if not self.path.parent.is_dir():
-            raise UserError(
-                f"{what} {self.path}: directory {self.path.parent} does not exist; create it first"
-            )
+            from polymorph.knobs import knobs
+
+            if self.path.parent != knobs.data_dir:
+                raise UserError(
+                    f"{what} {self.path}: directory {self.path.parent} does not exist; create it first"
+                )
+            try:  # polymorph's own data directory (the default place): made on first use, as XDG says
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(
+                    f"{what} {self.path}: cannot create {self.path.parent} ({e.strerror or e}); "
+                    f"pass --{what} FILE or set POLYMORPH_{what.upper()}"
+                ) from None
         with self.write() as c:
             c.execute(
                 "CREATE TABLE IF NOT EXISTS polymorph_schema (component TEXT PRIMARY KEY, version INTEGER)"

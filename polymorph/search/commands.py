@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from polymorph.cli import console
+from polymorph.cli.fit import fit
 from polymorph.errors import CheckFailed, UserError
 from polymorph.search.board import Board, Candidate, Result
 from polymorph.search.registry import Registry
@@ -123,9 +125,9 @@ def cmd_board_results(args: argparse.Namespace) -> int:
         )
         for r in results
     ]
-    console.table(
-        f"results on {board.path}", ["id", "group", "result", "median", "spread", "worker", "cause"], rows
-    )
+    columns = ["id", "group", "result", "median", "max-min", "worker", "cause"]
+    console.table(f"results on {board.path}", columns,
+                  fit(columns, rows, {"group": 16, "worker": 8, "cause": 10}))  # fmt: skip
     return 0
 
 
@@ -143,20 +145,20 @@ def cmd_registry_list(args: argparse.Namespace) -> int:
     def row(ch: Any, state: str) -> tuple:
         m = ch.measurement
         return (ch.key.id, ch.key.op_signature, ch.key.bucket, ch.key.profile, ch.key.toolchain,
-                console.seconds(m.median_s), console.seconds(m.spread_s), ch.agent or "-", state)  # fmt: skip
+                console.seconds(m.median_s), state)  # fmt: skip
 
     rows = [row(ch, "champion") for ch in registry.list() if shown(ch)]
     # Demoted ones stay on the record, after the champions: never returned as a champion again.
-    rows += [
-        row(d.champion, f"demoted {_when(d.demoted)}: {d.cause}")
-        for d in registry.demoted()
-        if shown(d.champion)
-    ]
-    console.table(
-        f"champions in {registry.path}",
-        ["key", "op signature", "bucket", "chip", "toolchain", "median", "spread", "agent", "state"],
-        rows,
-    )
+    demoted = [d for d in registry.demoted() if shown(d.champion)]
+    rows += [row(d.champion, "demoted") for d in demoted]
+    # 80 columns: the key id is what `registry show` takes, never cut; max-min, the agent and the
+    # reasoning are in `registry show KEY`; why one was demoted follows the table, in full.
+    columns = ["key", "op signature", "bucket", "chip", "toolchain", "median", "state"]
+    cuts = {"op signature": 16, "bucket": 16, "toolchain": 10}
+    console.table(f"champions in {registry.path}", columns, fit(columns, rows, cuts))
+    for d in demoted:
+        text = f"{d.champion.key.id} demoted {_when(d.demoted)}: {d.cause}"
+        console.line(textwrap.fill(text, 80, subsequent_indent="  ", break_on_hyphens=False))
     return 0
 
 
@@ -172,7 +174,8 @@ def cmd_registry_show(args: argparse.Namespace) -> int:
         ("config", json.dumps(dict(ch.config), sort_keys=True)),
         (
             "median",
-            f"{console.seconds(m.median_s)} (spread {console.seconds(m.spread_s)}, {m.trials} trials)",
+            f"{console.seconds(m.median_s)} (max-min {console.seconds(m.spread_s)} over the timed "
+            f"rounds, {m.trials} calls)",
         ),
         ("gates passed", ", ".join(ch.gates)),
         ("tolerance", f"rtol {t.rtol:g}, atol {t.atol:g}"),
@@ -278,7 +281,7 @@ def _print_result(r: Result) -> None:
     if r.ok:
         console.line(
             f"candidate {r.candidate}: ok, median {console.seconds(_float(m.get('median_s')))} "
-            f"(spread {console.seconds(_float(m.get('spread_s')))}), measured by {r.worker}"
+            f"(max-min {console.seconds(_float(m.get('spread_s')))} over the timed rounds), measured by {r.worker}"
         )
     else:
         console.line(f"candidate {r.candidate}: failed: {r.cause} (worker {r.worker}, claim {r.attempts})")
@@ -309,6 +312,8 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{option} must be a JSON object: {e}") from None
+    except RecursionError:
+        raise UserError(f"{option} is JSON nested too deeply; it must be a JSON object") from None
     if not isinstance(value, dict):
         raise UserError(f"{option} must be a JSON object, got {type(value).__name__}")
     return value

@@ -562,6 +562,8 @@ def read_bundle(path: str | Path) -> list[Champion]:
         raise UserError(f"bundle {path} is not UTF-8 text; is it a registry bundle?") from None
     except json.JSONDecodeError as e:
         raise UserError(f"bundle {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # `[[[[...]]]]` thousands deep: no bundle nests like that
+        raise UserError(f"bundle {path} is JSON nested too deeply to be a registry bundle") from None
     if not isinstance(data, dict) or data.get("format") != BUNDLE_FORMAT:
         raise UserError(f'{path} is not a polymorph registry bundle (no "format": "{BUNDLE_FORMAT}")')
     if data.get("schema_version") != BUNDLE_SCHEMA_VERSION:

@@ -21,18 +21,20 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from polymorph.cli import console
 from polymorph.cli.outdir import claim_out
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
 from polymorph.pipeline.kernel_files import pinned_sources, store_source
+from polymorph.search.ab import MIN_PAIRS, SLOWER, paired_ratio
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board, Result
 from polymorph.search.lifetime import dead_run_worker, die_with_parent, worker_name
@@ -71,7 +73,8 @@ class TuneOptions:
     registry: Path | None = None  # default: OUT/registry.sqlite
     seed: int = 0
     trials: int = 10  # fast-tier trials per candidate
-    ab_trials: int = 10  # slow-tier trials per arm of the final A/B
+    ab_trials: int = 3  # whole decode steps per arm and pair of the final A/B (fewer if time runs short)
+    ab_pairs: int = MIN_PAIRS  # (untuned, tuned) pairs of the final A/B at least; more if time allows
     engine_budget_s: float = 30.0  # the most one engine call may take before the worker is replaced
     lease_s: float = 60.0  # a claim not renewed for this long is handed to another worker
     agent_command: str | None = None  # an external agent: a command, prompt on stdin, kernel on stdout
@@ -112,6 +115,8 @@ class BucketResult:
     ab: dict[str, Any] = field(default_factory=dict)  # stock_s, tuned_s, speedup, trials, gate
     plan_dir: str = ""
     skipped: str = ""  # why the bucket was not tuned (its champions were all in the registry)
+    stopped: str = ""  # why the search ended: every candidate tried, or its share of the budget spent
+    spent_s: dict[str, float] = field(default_factory=dict)  # where the bucket's time went, by phase
     agent_errors: list[str] = field(default_factory=list)  # external agents' failed calls
     workers_started: int = 0
     demoted: list[str] = field(default_factory=list)  # warm starts that failed re-verification: key id: cause
@@ -283,6 +288,9 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
             f"then: polymorph board wait ID"
         )
     reg = Registry(opts.registry or opts.out / "registry.sqlite")
+    from polymorph.cli import console
+
+    console.line(f"registry: {reg.path}; board: {opts.board or opts.out / 'board.sqlite'}")
     report = TuneReport(opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s)
     started = time.monotonic()
     try:
@@ -498,9 +506,16 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         start_worker()
     externals = _external_agents(opts, spaces.spaces, by_sig, artifact.report, profile)
     schedule = Schedule(spaces.spaces, [*externals, *builtin_agents(opts.seed)])
+    # The final A/B: a fresh engine's start, one gate, then MIN_PAIRS pairs or more of whole steps. Its
+    # share (a quarter of the budget, 120 s at most) grows past 120 s, to a quarter at most, when an engine
+    # start seen here says it needs to; within its share it times fewer steps per arm, never fewer pairs.
     ab_reserve = min(0.25 * budget_s, 120.0)
     deadline = t0 + budget_s - ab_reserve
+    ready_s: float | None = None  # the first worker's start, until its first claim
     by_group = {g: space for space in spaces.spaces for g in space.groups}
+    searching = time.monotonic()  # progress (the CLI's, on stderr) over the search's share of the budget
+    shown = ExitStack()
+    advance = shown.enter_context(console.progress(deadline - searching, f"tuning {result.bucket}", " s"))
     try:
         while time.monotonic() < deadline:
             run.adopt_posts(by_group, opts.out / "sources")
@@ -530,11 +545,23 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                 and not opts.wait_for_posts
                 and (covered or not schedule.next_batch(run.tried, 1))
             ):
+                result.stopped = (
+                    "early: every op signature has a champion in the registry (re-verified, not searched)"
+                    if covered
+                    else f"early: every candidate the agents proposed was tried ({len(run.posted)} posted)"
+                )
                 break
+            if ready_s is None and (run.trusted or board.candidates("claimed")):
+                ready_s = time.monotonic() - searching
+            ab_reserve = max(ab_reserve, min(0.25 * budget_s, _ab_need(opts, result, ready_s)))
+            deadline = t0 + budget_s - ab_reserve
             if progress is not None:
                 progress(_progress(result, run, procs, deadline))
+            advance(at=time.monotonic() - searching, note=f"{result.candidates} done, {result.passed} passed")
             time.sleep(0.1)
     finally:
+        result.spent_s["search"] = time.monotonic() - t0  # the compile and the workers' start included
+        shown.close()
         for agent in externals:
             agent.close()
         try:
@@ -547,33 +574,47 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                 p.kill()
                 p.join()
         stop.unlink(missing_ok=True)
+    result.spent_s["workers_stop"] = time.monotonic() - t0 - result.spent_s["search"]
+    if not result.stopped:
+        left = len(run.pending())
+        result.stopped = (
+            f"the search's share of the budget ({budget_s - ab_reserve:.0f} s of {budget_s:.0f} s; the rest "
+            f"is the final A/B's) was spent"
+            + (f", {left} candidates still in flight" if left else "")
+            + ("; it waited for posts from outside agents" if opts.wait_for_posts else "")
+        )
     for p, r in run.collect():
         _record(result, by_sig, stock_ids, run, p, r)
         _demote_if_failed(reg, result, warm, r)
     board.close()
     result.agent_errors = [e for a in externals for e in a.errors]
     try:
-        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run)
+        ab_began = time.monotonic()
+        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run, deadline=t0 + budget_s)
+        result.spent_s["final_ab"] = time.monotonic() - ab_began
     except (UserError, EngineError) as e:  # a champion hung or crashed the engine in whole steps
         for sig in by_sig.values():
             sig.chosen = False
         result.ab = {"error": str(e), "plan": "untuned: the final A/B failed", "speedup": None,
-                     "stock_s": [], "tuned_s": [], "rounds": 0, "trials": 0, "gate": "not run"}  # fmt: skip
+                     "stock_s": [], "tuned_s": [], "pairs": 0, "rounds": 0, "trials": 0, "gate": "not run"}  # fmt: skip
         result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
         return result
     # Per-op champions go to the registry unless the final gate rejected them together.
     if result.ab["gate"] == "passed":
         _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
-    if result.ab["speedup"] < 1.0 and any(s.chosen for s in by_sig.values()):
-        # Faster kernel by kernel, not end to end in the same run: the untuned plan is the one written.
+    if result.ab["verdict"] == SLOWER and any(s.chosen for s in by_sig.values()):
+        # Faster kernel by kernel, slower end to end in the same run (the whole interval above 1): the
+        # untuned plan is the one written.
         for sig in by_sig.values():
             sig.chosen = False
-        result.ab["plan"] = "untuned: the tuned plan was not faster end to end"
+        result.ab["plan"] = "untuned: the tuned plan was slower end to end"
+    elif any(s.chosen for s in by_sig.values()):
+        # No difference above noise end to end still leaves each chosen kernel's own win (>= WIN_MARGIN).
+        result.ab["plan"] = "tuned"
     else:
-        result.ab["plan"] = (
-            "tuned" if any(s.chosen for s in by_sig.values()) else "untuned: no champion beat stock"
-        )
+        result.ab["plan"] = "untuned: no champion beat stock"
     result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
+    result.spent_s["total"] = time.monotonic() - t0
     return result
 
 
@@ -689,44 +730,103 @@ def _winners(spaces: list[GroupSpace], by_sig: dict) -> dict[str, tuple[GroupSpa
     return out
 
 
+AB_MAX_PAIRS = 60  # the final A/B stops here even with time left
+
+
+def _ab_need(opts: TuneOptions, result: BucketResult, ready_s: float | None) -> float:
+    """Seconds the final A/B will take, roughly: an engine start as long as the search worker's was
+    (to its first claim), one gate, and `ab_pairs` pairs of whole steps, a step taken as three times
+    the stock kernels' measured times (the host's own work per step besides)."""
+    kernels_s = sum(s.stock_s * len(s.groups) for s in result.signatures if s.stock_s is not None)
+    step_s = max(3.0 * kernels_s, 1e-3)
+    steps_per_arm = 3 + 3 * (max(1, opts.ab_trials) + 1)  # Controller.measure("slow"): warm-up, short, rounds
+    pair_s = 2 * steps_per_arm * step_s + 0.2  # 0.2 s: a swap, or a fresh worker for the untuned arm
+    pairs_s = max(opts.ab_pairs, MIN_PAIRS) * pair_s
+    return 1.1 * (ready_s if ready_s is not None else 10.0) + 2.0 + pairs_s
+
+
 def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSpace], by_sig: dict,
-              run: _Run, rounds: int = 3) -> dict[str, Any]:  # fmt: skip
-    """Untuned against tuned, whole decode steps (slow tier), in one fresh engine, alternating
-    stock and tuned for `rounds` rounds so drift on a shared machine hits both arms. The winners are
-    gated once, in the first round, over every group they go into."""
+              run: _Run, deadline: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Untuned against tuned, whole decode steps (slow tier), in one fresh engine: `opts.ab_pairs`
+    pairs or more (up to AB_MAX_PAIRS while `deadline`, a time.monotonic() instant, allows), each pair
+    one untuned and one tuned timing back to back, the order alternating (tuned first in even pairs,
+    untuned first in odd ones) so that drift on a shared machine and the order itself hit both arms.
+    The winners are gated once, first, over every group they go into. Every untuned timing runs on a
+    fresh worker no candidate touched. Should the pairs not fit before `deadline` at `opts.ab_trials`
+    steps per arm, fewer steps are timed per arm, never fewer pairs. The verdict is the bootstrap
+    interval's (polymorph.search.ab), seeded with `opts.seed`."""
     from polymorph.engine.controller import Controller
 
     winners = _winners(spaces, by_sig)
     t0 = time.perf_counter()
     engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx, dtype=opts.dtype,
                               budget_s=opts.engine_budget_s)  # fmt: skip
-    stock, tuned, gate, swapped = [], [], None, 0
+    stock: list[float] = []
+    tuned: list[float] = []
+    gate, swapped, trials = None, 0, max(1, opts.ab_trials)
+    fewest = min(trials, 2)  # a time per step is the difference of two runs: fewer steps, more noise
+    want = max(2, opts.ab_pairs)
+
+    def put_tuned(first: bool) -> int:
+        n = 0
+        for sig, (space, best) in list(winners.items()):
+            ok = [engine.swap(group, best["path"], best["config"]).ok for group in space.groups]
+            if all(ok):
+                n += len(ok)
+                continue
+            if not first:
+                raise UserError(f"the final A/B could not swap the champion of {sig} in again")
+            for group in space.groups:  # a winner goes into every group of its signature, or into none
+                engine.restore(group)
+            del winners[sig]
+        return n
+
+    def put_stock() -> None:
+        engine.reset()
+        engine.replace_worker(())  # a fresh worker: nothing a candidate did while it ran stays for stock
+
     try:
         start_s = time.perf_counter() - t0
-        for r in range(rounds):
-            engine.reset()
-            stock.append(_slow(engine, opts.ab_trials)["median_s"])
-            swapped = 0
-            for sig, (space, best) in list(winners.items()):
-                ok = [engine.swap(group, best["path"], best["config"]).ok for group in space.groups]
-                swapped += sum(ok)
-                if not all(ok):  # a winner goes into every group of its signature, or into none
-                    for group in space.groups:
-                        engine.restore(group)
-                    del winners[sig]
-            if r == 0 and swapped:
+        if winners:
+            swapped = put_tuned(True)
+            if swapped:
                 gate = engine.verify()
                 if not gate.ok:  # the champions together fail where each passed alone: keep none
-                    winners = {}
-                    engine.reset()
-            tuned.append(_slow(engine, opts.ab_trials)["median_s"])
+                    winners, swapped = {}, 0
+            if not winners:
+                put_stock()
+        state = "tuned" if winners else "stock"
+        while True:
+            began = time.monotonic()
+            got = {}
+            for arm in ("tuned", "stock") if len(stock) % 2 == 0 else ("stock", "tuned"):
+                if winners and arm != state:
+                    if arm == "stock":
+                        put_stock()
+                    else:
+                        put_tuned(False)
+                    state = arm
+                got[arm] = _slow(engine, trials)["median_s"]
+            stock.append(got["stock"])
+            tuned.append(got["tuned"])
+            took = time.monotonic() - began
+            left = float("inf") if deadline is None else deadline - time.monotonic()
+            if len(stock) < want:
+                need = (want - len(stock)) * took
+                if need > left and trials > fewest:  # fewer steps per arm rather than fewer pairs
+                    trials = max(fewest, int(trials * left / need))
+                continue
+            if deadline is None or len(stock) >= AB_MAX_PAIRS or took > left:
+                break
     finally:
         engine.close()
     for sig in winners:
         by_sig[sig].chosen = True
-    return {"engine_start_s": start_s, "stock_s": stock, "tuned_s": tuned,
-            "speedup": statistics.median(stock) / statistics.median(tuned), "trials": opts.ab_trials,
-            "rounds": rounds, "swapped_groups": swapped,
+    interval = paired_ratio(stock, tuned, seed=opts.seed)
+    return {"engine_start_s": start_s, "stock_s": stock, "tuned_s": tuned, **interval.to_json(),
+            "speedup": 1.0 / interval.ratio, "rounds": len(stock), "trials": trials,
+            "order": "alternating: tuned first in even pairs, untuned first in odd ones",
+            "same_plan": not winners, "swapped_groups": swapped, "elapsed_s": time.perf_counter() - t0,
             "gate": "passed" if gate is None or gate.ok else gate_cause(gate)}  # fmt: skip
 
 

@@ -3,11 +3,16 @@ every few seconds otherwise) and the report at the end."""
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
+import numpy as np
+
 from polymorph.cli import console
-from polymorph.search.tune import TuneReport
+from polymorph.cli.fit import WIDTH, fit
+from polymorph.search.ab import FASTER, NO_DIFFERENCE
+from polymorph.search.tune import BucketResult, TuneReport
 
 
 def _short(signature: str, width: int = 60) -> str:
@@ -48,38 +53,75 @@ class ProgressView:
             self._live.stop()
 
 
+SIGNATURE_COLUMNS = ["op signature", "n", "share", "stock", "best", "speedup", "plan", "agent", "reasoning"]
+# The columns cut to fit 80 characters, with the narrowest each may become; the full signatures and
+# reasoning are in OUT/tune-report.json.
+SIGNATURE_CUTS = {"op signature": 24, "reasoning": 12, "agent": 8}
+
+
+def signature_rows(b: BucketResult) -> list[tuple[str, ...]]:
+    """The rows of a bucket's table, cut to fit 80 columns."""
+    rows = []
+    for s in b.signatures:
+        best = s.best or {}
+        rows.append((
+            s.signature, len(s.groups), f"{s.share:.0%}", console.seconds(s.stock_s),
+            console.seconds(best.get("median_s")), f"{s.speedup:.2f}x" if s.speedup else "-",
+            "yes" if s.chosen else "no", best.get("agent", "-"), best.get("reasoning") or "-",
+        ))  # fmt: skip
+    return fit(SIGNATURE_COLUMNS, rows, SIGNATURE_CUTS)
+
+
+def _p10_p90(xs: list[float]) -> str:
+    lo, hi = np.quantile(np.asarray(xs, dtype=np.float64), [0.1, 0.9])
+    return f"{console.seconds(float(lo))}-{console.seconds(float(hi))}"
+
+
+def ab_lines(ab: dict[str, Any]) -> list[str]:
+    """What the final A/B found, in lines of 80 characters or fewer where the numbers allow."""
+    if "error" in ab:
+        return [f"end to end: the final A/B failed ({ab['error']}); the untuned plan is written"]
+    stock, tuned = ab["stock_s"], ab["tuned_s"]
+    low, high = ab["interval"]
+    lines = [
+        f"end to end, whole decode steps in one fresh engine: {ab['pairs']} alternating pairs,",
+        f"  {ab['trials']} steps per arm (median of 3 rounds each; p10-p90 over the pairs):",
+        f"  untuned {console.seconds(float(np.median(stock)))} ({_p10_p90(stock)}), "
+        f"tuned {console.seconds(float(np.median(tuned)))} ({_p10_p90(tuned)})",
+        f"  tuned/untuned {ab['ratio']:.3f}x, 95% bootstrap interval {low:.3f}-{high:.3f}:",
+        f"  {ab['verdict']}" + ("" if ab["verdict"] == NO_DIFFERENCE else " (the whole interval is "
+                               f"{'below' if ab['verdict'] == FASTER else 'above'} 1)"),
+        f"  final gate: {ab['gate']}"
+        + ("; both arms ran the same plan (no champion beat stock)" if ab.get("same_plan") else ""),
+    ]  # fmt: skip
+    return lines
+
+
 def print_report(report: TuneReport) -> None:
     for b in report.buckets:
-        rows = []
-        for s in b.signatures:
-            best = s.best or {}
-            rows.append((
-                _short(s.signature, 48), len(s.groups), f"{s.share:.0%}", console.seconds(s.stock_s),
-                console.seconds(best.get("median_s")), f"{s.speedup:.2f}x" if s.speedup else "-",
-                "yes" if s.chosen else "no", best.get("agent", "-"), (best.get("reasoning") or "-")[:70],
-            ))  # fmt: skip
         console.table(
-            f"bucket {b.bucket} (weight {b.weight:.2f}): {b.candidates} candidates, {b.passed} passed"
-            + (f"; {b.skipped}" if b.skipped else ""),
-            ["op signature", "groups", "share", "stock", "best", "speedup", "in plan", "agent", "reasoning"],
-            rows,
+            f"bucket {b.bucket} (weight {b.weight:.2f}): {b.candidates} candidates, {b.passed} passed",
+            SIGNATURE_COLUMNS,
+            signature_rows(b),
         )
+        console.line("n: groups of the signature; plan: in the tuned plan; full text: tune-report.json")
+        notes = [f"not searched: {b.skipped}"] if b.skipped else []
+        if b.stopped:
+            notes.append(
+                f"search stopped {b.stopped}"
+                if b.stopped.startswith("early")
+                else f"search stopped: {b.stopped}"
+            )
         if b.failed:
-            console.line("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(b.failed.items())))
-        for d in b.demoted:  # registry champions that failed re-verification here
-            console.line(f"demoted in the registry (failed re-verification): {d}")
-        ab = b.ab
-        if "error" in ab:
-            console.line(f"end to end: the final A/B failed ({ab['error']}); the untuned plan is written")
-            console.line(f"plan written ({ab['plan']}): {b.plan_dir}")
-            continue
-        console.line(
-            f"end to end, whole decode steps, same run, {ab['rounds']} alternating rounds: untuned "
-            f"{' '.join(console.seconds(x) for x in ab['stock_s'])}, tuned "
-            f"{' '.join(console.seconds(x) for x in ab['tuned_s'])}: {ab['speedup']:.2f}x "
-            f"(medians; {ab['trials']} steps per arm and round; final gate {ab['gate']})"
-        )
-        console.line(f"plan written ({ab.get('plan', 'tuned')}): {b.plan_dir} (polymorph run {b.plan_dir})")
+            notes.append("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(b.failed.items())))
+        # registry champions that failed re-verification here
+        notes += [f"demoted in the registry (failed re-verification): {d}" for d in b.demoted]
+        for note in notes:
+            console.line(textwrap.fill(note, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+        for text in ab_lines(b.ab):
+            console.line(text)
+        console.line(f"plan written ({b.ab.get('plan', 'tuned')}): {b.plan_dir}")
+        console.line(f"  run it: polymorph run {b.plan_dir}")
     console.line(
         f"took {report.elapsed_s:.0f} s of a {report.budget_s:.0f} s budget; toolchain {report.toolchain}"
     )

@@ -331,6 +331,8 @@ class TrafficShape:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"traffic shape {path}: not valid TOML ({e}); fix the file's syntax") from None
+        except RecursionError:
+            raise UserError(f"traffic shape {path}: TOML nested too deeply to be a traffic shape") from None
         return cls.from_dict(data, source=str(path))
 
     @classmethod

@@ -1,11 +1,14 @@
-"""The message board: real SQLite files, real processes (forked workers, one killed with SIGKILL)."""
+"""The message board: real SQLite files, real processes (spawned workers, one killed with SIGKILL; a
+fork, in a fresh interpreter that holds no JAX or torch threads, inherits a board)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -16,8 +19,11 @@ from polymorph.errors import UserError
 from polymorph.pipeline.kernel_files import source_hash
 from polymorph.search.board import WORKER_LOST, Board
 
+sys.path.insert(0, str(Path(__file__).parent))  # spawned children import board_processes by name
+import board_processes
+from board_processes import SPAWN
+
 KERNEL = "IMPLEMENTS = 'rmsnorm'\nCONFIGS = [{'block': 128}]\n"
-FORK = multiprocessing.get_context("fork")
 
 
 @pytest.fixture
@@ -271,25 +277,16 @@ def test_a_file_that_is_not_a_board_is_one_line(tmp_path: Path) -> None:
 # --- several processes -------------------------------------------------------------------------------
 
 
-def _drain(path: Path, worker: str, start: multiprocessing.Barrier, ids: multiprocessing.Queue) -> None:
-    board = Board(path)
-    claimed = []
-    start.wait(timeout=30)  # both claim from the start, so their transactions interleave
-    while (c := board.claim(worker, lease_s=60)) is not None:
-        claimed.append(c.id)
-        time.sleep(0.005)  # the measurement (SQLite's lock is not fair: without a pause one worker
-        # could take every claim while the other backs off, and the test would prove less)
-        assert board.post_result(c.id, worker, True, "", {"median_s": 1e-3 * c.id}, {"numerics": "ok"})
-    ids.put((worker, claimed))
-
-
 def test_two_processes_never_claim_the_same_candidate(board: Board) -> None:
     posted = [post(board, n=i) for i in range(100)]
-    ids, start = FORK.Queue(), FORK.Barrier(2)
-    workers = [FORK.Process(target=_drain, args=(board.path, f"worker-{k}", start, ids)) for k in range(2)]
+    ids, start = SPAWN.Queue(), SPAWN.Barrier(2)
+    workers = [
+        SPAWN.Process(target=board_processes.drain, args=(board.path, f"worker-{k}", start, ids))
+        for k in range(2)
+    ]
     for p in workers:
         p.start()
-    got = dict(ids.get(timeout=30) for _ in workers)
+    got = dict(ids.get(timeout=120) for _ in workers)
     for p in workers:
         p.join(timeout=30)
         assert p.exitcode == 0
@@ -297,7 +294,7 @@ def test_two_processes_never_claim_the_same_candidate(board: Board) -> None:
     assert not set(a) & set(b)
     assert sorted(a + b) == posted
     # Both did work (each claim is its own transaction), and the parent's own connection, opened
-    # before the fork, still works.
+    # before they started, still works.
     assert a and b, got
     results = board.results()
     assert [r.candidate for r in results] == posted
@@ -305,20 +302,13 @@ def test_two_processes_never_claim_the_same_candidate(board: Board) -> None:
     assert all(r.attempts == 1 for r in results)
 
 
-def _claim_and_hang(board: Board, claimed: multiprocessing.Queue) -> None:
-    # The parent's Board object, inherited through fork: it must open its own connection here.
-    c = board.claim("doomed", lease_s=1.0)
-    claimed.put(None if c is None else c.id)
-    time.sleep(60)
-
-
 def test_a_killed_workers_claim_is_retried_by_another(board: Board) -> None:
     cid = post(board)
-    claimed = FORK.Queue()
-    board.show(cid)  # the parent's connection is open when it forks
-    p = FORK.Process(target=_claim_and_hang, args=(board, claimed))
+    claimed = SPAWN.Queue()
+    board.show(cid)  # the parent's connection is open while the worker claims
+    p = SPAWN.Process(target=board_processes.claim_and_hang, args=(board.path, claimed))
     p.start()
-    assert claimed.get(timeout=30) == cid
+    assert claimed.get(timeout=120) == cid
     os.kill(p.pid, signal.SIGKILL)
     p.join(timeout=10)
     assert p.exitcode == -signal.SIGKILL
@@ -340,21 +330,40 @@ def test_a_killed_workers_claim_is_retried_by_another(board: Board) -> None:
     )
 
 
-def _post_result_later(path: Path, cid: int) -> None:
-    board = Board(path)
-    c = board.claim("slow", lease_s=30)
-    assert c is not None and c.id == cid
-    time.sleep(0.3)
-    board.post_result(cid, "slow", True, "", {"median_s": 5e-4}, {})
-
-
 def test_wait_sees_a_result_from_another_process(board: Board) -> None:
     cid = post(board)
-    p = FORK.Process(target=_post_result_later, args=(board.path, cid))
+    p = SPAWN.Process(target=board_processes.post_result_later, args=(board.path, cid))
     p.start()
-    r = board.wait(cid, timeout=30)
+    r = board.wait(cid, timeout=120)
     p.join(timeout=10)
     assert r is not None and (r.worker, r.measurements) == ("slow", {"median_s": 5e-4})
+
+
+FORKED = textwrap.dedent("""
+    import os, sys
+    from polymorph.search.board import Board
+    assert "jax" not in sys.modules  # a fork is safe here: no JAX threads
+    board, cid = Board(sys.argv[1]), int(sys.argv[2])
+    board.show(cid)  # the parent's connection is open when it forks
+    pid = os.fork()
+    if pid == 0:  # the inherited Board object must open a connection of its own
+        c = board.claim("child", lease_s=60)
+        os._exit(0 if c is not None and c.id == cid else 3)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    held = board.show(cid)  # the parent's connection still works, its locks intact
+    assert (held.state, held.worker) == ("claimed", "child"), held
+    print("inherited", held.id)
+""")
+
+
+def test_a_board_inherited_through_fork_opens_its_own_connection(board: Board) -> None:
+    """Forking with a board open: in a fresh interpreter, not this one, which may hold JAX (whose
+    threads make a fork deadlock-prone) by the time this runs."""
+    cid = post(board)
+    done = subprocess.run([sys.executable, "-c", FORKED, str(board.path), str(cid)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["inherited", str(cid)], done.stderr
+    assert (board.show(cid).state, board.show(cid).worker) == ("claimed", "child")
 
 
 def test_threads_sharing_one_board_object_never_claim_the_same_candidate(board: Board) -> None:

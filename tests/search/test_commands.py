@@ -68,11 +68,41 @@ def kernel(tmp_path: Path) -> Path:
     return path
 
 
-def test_defaults_are_files_in_the_working_directory() -> None:
-    args = parser().parse_args(["board", "show", "1"])
-    assert args.board == Path("polymorph-board.sqlite")  # POLYMORPH_BOARD unset
-    args = parser().parse_args(["registry", "list"])
-    assert args.registry == Path("polymorph-registry.sqlite")  # POLYMORPH_REGISTRY unset
+def test_defaults_are_files_in_the_data_directory(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernel: Path
+) -> None:
+    """Unset POLYMORPH_BOARD/REGISTRY: files in $XDG_DATA_HOME/polymorph, else ~/.local/share/polymorph
+    (a relative XDG_DATA_HOME is ignored, as the XDG spec says); the variables and flags still win, and
+    nothing lands in the working directory."""
+    home, xdg, work = tmp_path / "home", tmp_path / "xdg", tmp_path / "work"
+    for d in (home, work):
+        d.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_DATA_HOME", str(xdg))
+    assert parser().parse_args(["board", "show", "1"]).board == xdg / "polymorph" / "board.sqlite"
+    assert parser().parse_args(["registry", "list"]).registry == xdg / "polymorph" / "registry.sqlite"
+    for unset in ("", "relative/dir"):
+        monkeypatch.setenv("XDG_DATA_HOME", unset)
+        assert knobs.registry == home / ".local" / "share" / "polymorph" / "registry.sqlite"
+    monkeypatch.setenv("XDG_DATA_HOME", str(xdg))
+    monkeypatch.setenv("POLYMORPH_BOARD", str(tmp_path / "b.sqlite"))
+    assert parser().parse_args(["board", "show", "1"]).board == tmp_path / "b.sqlite"
+    assert parser().parse_args(["board", "show", "1", "--board", "x.sqlite"]).board == Path("x.sqlite")
+    monkeypatch.delenv("POLYMORPH_BOARD")
+    code, _, err = run(capsys, "registry", "list")
+    one_line_error(code, err, 2, f"no registry at {xdg / 'polymorph' / 'registry.sqlite'}")
+    # The data directory is made on first use, private to the user, and holds the board.
+    code, out, err = run(capsys, "board", "post", GROUP, "--kernel", str(kernel), "--target", "cpu")
+    assert code == 0, err
+    assert Board(xdg / "polymorph" / "board.sqlite").show(int(out.split()[0])).group == GROUP
+    assert (xdg / "polymorph").stat().st_mode & 0o777 == 0o700
+    assert list(work.iterdir()) == [] and list(home.iterdir()) == []
+    # A directory the user named is not made for them: one line.
+    elsewhere = tmp_path / "nowhere" / "b.sqlite"
+    code, _, err = run(capsys, "board", "post", GROUP, "--kernel", str(kernel), "--target", "cpu", "--board",
+                       str(elsewhere))  # fmt: skip
+    one_line_error(code, err, 2, f"directory {elsewhere.parent} does not exist")
 
 
 def test_post_show_wait_results(capsys, tmp_path: Path, kernel: Path) -> None:

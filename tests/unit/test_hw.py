@@ -465,3 +465,78 @@ def test_readme_example_is_a_valid_calibration(tmp_path: Path) -> None:
     h200 = hw.load_profile("h200", tmp_path)
     assert h200.memory_bandwidth() == pytest.approx(4.32e12)
     assert h200.calibration is not None and ("python", "3.11.7") in h200.calibration.toolchain
+
+
+# --- datasheet and measured side by side (`polymorph hw`) ------------------------------------------
+
+_SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _si(text: str, unit: str) -> float:
+    """'788 TFLOP/s' -> 7.88e14 (the CLI's quantities)."""
+    number, scaled = text.split(" ")
+    assert scaled.endswith(unit), (text, unit)
+    return float(number.replace(",", "")) * _SI[scaled.removesuffix(unit)]
+
+
+def test_figure_rows_put_the_measured_figure_beside_the_datasheet(tmp_path: Path) -> None:
+    _write(tmp_path, CALIBRATION, "h200.toml")
+    h200 = hw.load_profile("h200", tmp_path)
+    measured = tomllib.loads(CALIBRATION)
+    rows = {r.label: r for r in h200.figure_rows()}
+    bw = rows["Device memory bandwidth"]
+    assert (bw.datasheet, bw.measured) == (
+        "4.8 TB/s",
+        f"{measured['figures']['memory_bandwidth']['value']:g} TB/s",
+    )
+    assert "H200 datasheet" in bw.source and "measured: read-only streaming kernel" in bw.source
+    assert rows["Peak bf16 (dense)"].measured == "788 TFLOP/s"
+    assert rows["Peak fp8 (dense)"].measured == ""  # not measured: the column is empty, not the vendor's
+    assert len(rows) == len(h200.figure_rows())  # one row per figure, not one per source
+
+    row = hw.ListingRow.of(h200)
+    assert row.bf16_measured == pytest.approx(measured["peak"]["bf16"]["value"] * 1e12)
+    assert row.bf16_datasheet == pytest.approx(989e12)
+    assert row.bandwidth_measured == pytest.approx(4.32e12) and row.bandwidth_datasheet == pytest.approx(
+        4.8e12
+    )
+    h100 = hw.ListingRow.of(hw.load_profile("h100", tmp_path))
+    assert h100.bf16_measured is None and h100.bf16_datasheet == pytest.approx(989e12)
+
+
+def test_hw_lists_datasheet_and_measured_in_their_own_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A measured H200 (788 TFLOP/s bf16 here) sits in the measured column, its datasheet 989 in the
+    datasheet column, so it no longer reads as slower than the H100's 989 datasheet."""
+    from polymorph.cli import main
+
+    _write(tmp_path, CALIBRATION, "h200.toml")
+    monkeypatch.setenv("POLYMORPH_CALIBRATION_DIR", str(tmp_path))
+    assert main(["hw"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1].split("\t")
+    rows = {
+        r[0]: dict(zip(header, r, strict=True))
+        for r in (line.split("\t") for line in lines[2:])
+        if len(r) > 1
+    }
+    vendor = {
+        pid: tomllib.loads((Path(hw.profiles_dir()) / f"{pid}.toml").read_text()) for pid in ("h100", "h200")
+    }
+    for pid, data in vendor.items():
+        peak = data["peak"]["bf16"]
+        assert _si(rows[pid]["bf16 datasheet"], "FLOP/s") == pytest.approx(peak["value"] * 1e12, rel=1e-3)
+    assert _si(rows["h200"]["bf16 measured"], "FLOP/s") == pytest.approx(788e12, rel=1e-3)
+    assert _si(rows["h200"]["memory measured"], "B/s") == pytest.approx(4.32e12, rel=1e-3)
+    assert _si(rows["h200"]["memory datasheet"], "B/s") == pytest.approx(4.8e12, rel=1e-3)
+    assert rows["h100"]["bf16 measured"] == "" and rows["cpu"]["bf16 datasheet"] == ""
+
+    assert main(["hw", "h200"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].split("\t") == ["figure", "datasheet", "measured", "source"]
+    by_label = {r[0]: r for r in (line.split("\t") for line in lines[2:]) if len(r) == 4}
+    assert by_label["Peak bf16 (dense)"][1:3] == ["989 TFLOP/s", "788 TFLOP/s"]
+    assert by_label["Device memory bandwidth"][1:3] == ["4.8 TB/s", "4.32 TB/s"]
+    assert "measured figures: measured 2026-11-20 on NVIDIA H200" in out

@@ -29,6 +29,43 @@ def test_defaults() -> None:
     assert knobs.plain is False
 
 
+def test_board_and_registry_live_in_the_data_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Unset: files in $XDG_DATA_HOME/polymorph, else ~/.local/share/polymorph (an empty or relative
+    XDG_DATA_HOME is ignored, as the XDG spec says), read at access time; the variables still win."""
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    share = home / ".local" / "share" / "polymorph"
+    assert (knobs.data_dir, knobs.board, knobs.registry) == (
+        share,
+        share / "board.sqlite",
+        share / "registry.sqlite",
+    )
+    rows = {r.env: r for r in knobs.describe()}
+    assert rows["POLYMORPH_REGISTRY"].default == "~/.local/share/polymorph/registry.sqlite"
+    assert rows["POLYMORPH_BOARD"].default == "~/.local/share/polymorph/board.sqlite"
+    for ignored in ("", "  ", "relative/share"):
+        monkeypatch.setenv("XDG_DATA_HOME", ignored)
+        assert knobs.registry == share / "registry.sqlite"
+    monkeypatch.setenv("XDG_DATA_HOME", str(xdg))
+    assert (knobs.data_dir, knobs.board, knobs.registry) == (
+        xdg / "polymorph",
+        xdg / "polymorph" / "board.sqlite",
+        xdg / "polymorph" / "registry.sqlite",
+    )
+    assert {r.env: r for r in knobs.describe()}["POLYMORPH_REGISTRY"].default == str(
+        xdg / "polymorph" / "registry.sqlite"
+    )
+    monkeypatch.setenv("POLYMORPH_REGISTRY", "~/mine.sqlite")
+    monkeypatch.setenv("POLYMORPH_BOARD", str(tmp_path / "b.sqlite"))
+    assert (knobs.registry, knobs.board) == (home / "mine.sqlite", tmp_path / "b.sqlite")
+    with knobs.scope(registry=None):
+        assert knobs.registry == xdg / "polymorph" / "registry.sqlite"
+        assert "POLYMORPH_REGISTRY" not in knobs.child_environ()
+
+
 def test_every_requested_variable_is_a_knob() -> None:
     assert set(ALL_ENV) == {
         "POLYMORPH_CALIBRATION_DIR",

@@ -152,6 +152,18 @@ def test_the_tune_command_prints_its_report(tmp_path: Path, capsys: pytest.Captu
     assert code == 0
     assert "# bucket b1-ctx512-1024" in text and "end to end" in text and "plan written" in text
     assert (out / "plan.json").exists() and (out / "tune-report.json").exists()
+    # The final A/B: 20 alternating pairs or more, in the JSON with their interval and verdict.
+    (bucket,) = json.loads((out / "tune-report.json").read_text())["buckets"]
+    ab = bucket["ab"]
+    assert ab["pairs"] >= 20 and len(ab["stock_s"]) == len(ab["tuned_s"]) == ab["pairs"]
+    low, high = ab["interval"]
+    assert low <= ab["ratio"] <= high and ab["verdict"] in ("faster", "slower", "no difference above noise")
+    assert f"95% bootstrap interval {low:.3f}-{high:.3f}" in text and ab["verdict"] in text
+    assert bucket["stopped"] and "search stopped" in text  # why the search ended
+    lines = text.splitlines()
+    title = lines.index(next(line for line in lines if line.startswith("# bucket")))
+    table = lines[title : title + 2 + len(bucket["signatures"])]
+    assert all(len(line) <= 80 for line in table), [line for line in table if len(line) > 80]
     assert main(["tune", "llama-tiny", "--budget", "soon", "--out", str(out)]) == 2
 
 
@@ -228,3 +240,32 @@ def test_cheating_posts_from_outside_are_rejected_by_the_gate_that_names_them(tm
     reg.close()
     written = {p.read_text() for p in (out / "kernels").glob("*.py")} if (out / "kernels").exists() else set()
     assert not written & sources
+
+
+def test_the_final_ab_alternates_20_pairs_with_a_champion_swapped_in_and_out(tmp_path: Path) -> None:
+    """The A/B on a real engine with one winner (a copy of a stock kernel, so it computes the same
+    thing): 20 alternating pairs, the winner in every group of its signature, gated once, and a
+    verdict the recorded timings reproduce (seeded bootstrap)."""
+    from polymorph.models import load_model
+    from polymorph.search.ab import FASTER, NO_DIFFERENCE, SLOWER, paired_ratio
+    from polymorph.search.space import buckets_of, group_spaces, predicted_times
+    from polymorph.search.tune import SignatureResult, _final_ab
+
+    (bucket,) = buckets_of(None, None, None)
+    artifact = api.compile(load_model("llama-tiny"), "cpu", "cpu", batch=bucket.batch, ctx=bucket.ctx)
+    spaces = group_spaces(artifact.plan, "torch", predicted_times(artifact.report)).spaces
+    space = max(spaces, key=lambda s: len(s.groups))
+    copy = tmp_path / "champion.py"
+    copy.write_text(space.stock_kernel.read_text() + "\n# the same kernel, another file: a winner to swap\n")
+    by_sig = {s.signature: SignatureResult(s.signature, list(s.groups), s.share) for s in spaces}
+    by_sig[space.signature].stock_s = 1.0
+    by_sig[space.signature].best = {"path": str(copy), "config": dict(space.stock_config), "median_s": 0.5}
+    opts = TuneOptions(model="llama-tiny", out=tmp_path, ab_trials=2, seed=7)
+    ab = _final_ab(opts, "cpu", bucket, spaces, by_sig, None)
+    assert ab["pairs"] == ab["rounds"] == len(ab["stock_s"]) == len(ab["tuned_s"]) == 20
+    assert ab["gate"] == "passed" and ab["swapped_groups"] == len(space.groups) and not ab["same_plan"]
+    assert by_sig[space.signature].chosen
+    again = paired_ratio(ab["stock_s"], ab["tuned_s"], seed=7)
+    assert ab["interval"] == [again.low, again.high] and ab["verdict"] == again.verdict
+    assert ab["verdict"] in (FASTER, NO_DIFFERENCE, SLOWER) and again.low <= ab["ratio"] <= again.high
+    assert ab["resamples"] == 2000 and ab["confidence"] == 0.95
