@@ -37,6 +37,7 @@ def test_a_kernel_records_what_it_depends_on_and_gets_shared_modules_of_its_own(
     assert a.depends == b.depends
     assert [name for name, _ in a.depends] == [
         "triton/_interpreter.py",
+        "triton/_pdl.py",
         "triton/_projection.py",
         "triton/_targets.py",
     ]
@@ -101,7 +102,8 @@ def test_a_compile_output_carries_the_shared_modules_its_kernels_pin(
     assert pinned, "the cuda plan of llama-tiny uses no kernel with a shared module"
     written = kernel_files.copy_kernel_sources(plan, tmp_path)
     shared = {name: kernel_files.source_hash((LIBRARY / name).read_bytes())
-              for name in ("triton/_projection.py", "triton/_interpreter.py", "triton/_targets.py")}  # fmt: skip
+              for name in ("triton/_projection.py", "triton/_interpreter.py", "triton/_targets.py",
+                           "triton/_pdl.py")}  # fmt: skip
     assert {f"kernels/{sha}.py" for sha in shared.values()} <= set(written)
     # Without the library (another installed version), every kernel loads from the output alone.
     empty = tmp_path / "no-library"
