@@ -95,8 +95,7 @@ class GpuExecutable(EngineRuntime):
         return specialize(self.graph, bindings).types()
 
     def _build(self, plan: Plan) -> list[tuple[PlanGroup, Launch]]:
-        concrete_graph = specialize(plan.graph, plan.bindings)
-        types = concrete_graph.types()
+        concrete_graph, types = plan.concrete()
         out = []
         for group in plan.groups:
             kernel = load_choice(group.kernel.file, group.kernel.sha256, self.artifact_dir)

@@ -499,12 +499,11 @@ class Worker:
         not `bucketed` (cpu) builds on the symbolic graph; a bucketed one (the GPU executable) on the
         graph specialized to the plan's bucket (GpuExecutable._build; not yet run here, no GPU)."""
         plan = self.artifact.plan  # type: ignore[union-attr]
-        graph = plan.graph
         if getattr(self.exe, "bucketed", False) and plan.bindings:
-            from polymorph.passes import specialize
-
-            graph = specialize(graph, plan.bindings)
-        return kernel_spec(graph, group, graph.types(), target)
+            graph, types = plan.concrete()  # made once per plan, not per candidate built
+        else:
+            graph, types = plan.graph, plan.graph.types()
+        return kernel_spec(graph, group, types, target)
 
     def _fresh_cache(self, max_ctx: int) -> PagedKVCache:
         """Block bookkeeping over the cache allocated at load (zeroed in place, never reallocated)."""

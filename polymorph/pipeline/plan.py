@@ -58,10 +58,14 @@ class Plan:
     def concrete(self) -> tuple[Graph, dict[str, Any]]:
         """The graph specialized to the plan's bindings, and its types: made once per plan."""
         if self._concrete is None:
+            from polymorph.ir.spec import infer_types, verify
             from polymorph.passes import specialize
 
-            graph = specialize(self.graph, self.bindings) if self.bindings else self.graph
-            self._concrete = (graph, graph.types())
+            types = verify(self.graph)  # once: a plan from disk has not been through the stages
+            if self.bindings:
+                graph = specialize(self.graph, self.bindings, verified=True)
+                types = infer_types(graph)
+            self._concrete = (graph if self.bindings else self.graph, types)
         return self._concrete
 
     def kernel_target(self) -> Any:

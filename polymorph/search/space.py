@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polymorph.hardware.target import Target
-from polymorph.passes import specialize
 from polymorph.pipeline.kernel_files import kernel_library, kernels_root, load_choice
 from polymorph.pipeline.lowering import kernel_spec
 from polymorph.pipeline.plan import Plan
@@ -56,10 +54,9 @@ class PlanSpaces:
 def group_spaces(plan: Plan, language: str, predicted: dict[str, float]) -> PlanSpaces:
     """The search spaces of `plan`, one per op signature, ordered by their share of the step
     (`predicted`: group id -> predicted or measured seconds, or bytes where there is no time)."""
-    graph = specialize(plan.graph, plan.bindings)
-    types = graph.types()
+    graph, types = plan.concrete()
     signatures = group_signatures(plan)
-    target = Target.parse(plan.target)
+    target = plan.kernel_target()  # the chip's traits, as the plan's kernels were chosen for
     library = kernel_library(language)
     total = sum(predicted.values()) or 1.0
     by_sig: dict[str, GroupSpace] = {}
