@@ -89,6 +89,15 @@ def profile_targets() -> dict[str, str]:
 
 
 _SEEN: dict[str, tuple[tuple[int, int], str | None]] = {}  # path -> ((size, mtime_ns), target text)
+_UNREADABLE: dict[str, str] = {}  # path -> why no target could be read from it
+
+
+def unreadable_profiles() -> dict[str, str]:
+    """Profile files (path -> reason) that `profile_targets` left out at its last scan: broken TOML,
+    unreadable, or without a `target`. Errors about an unknown chip name them, so a typo in a user's
+    profile is not mistaken for a missing one."""
+    live = {str(entry) for entry, _ in _scan().values()}
+    return {path: why for path, why in sorted(_UNREADABLE.items()) if path in live}
 
 
 def _target_of(entry: Traversable, key: tuple[int, int] | None) -> str | None:
@@ -97,11 +106,15 @@ def _target_of(entry: Traversable, key: tuple[int, int] | None) -> str | None:
         return seen[1]
     try:
         data = tomllib.loads(entry.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         target = None
+        _UNREADABLE[str(entry)] = f"{type(exc).__name__}: {exc}"
     else:
+        _UNREADABLE.pop(str(entry), None)
         raw = data.get("target")
         target = raw.strip() if isinstance(raw, str) and raw.strip() else None
+        if target is None:
+            _UNREADABLE[str(entry)] = "no string `target` field"
     if key is not None:
         _SEEN[str(entry)] = (key, target)
     return target

@@ -51,6 +51,18 @@ def archs(family: str) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda a: (len(a), a)))
 
 
+def _unreadable_note() -> str:
+    """'; ...' naming the profile files that could not be read, or '' when every file was read."""
+    from polymorph.hardware.catalog import unreadable_profiles
+
+    bad = unreadable_profiles()
+    if not bad:
+        return ""
+    return "; profile files left out, fix them if one was meant to name it: " + "; ".join(
+        f"{path} ({why})" for path, why in bad.items()
+    )
+
+
 def known_targets() -> tuple[str, ...]:
     """Every target string `Target.parse` accepts now, in canonical form."""
     out: list[str] = []
@@ -89,6 +101,7 @@ class Target:
             raise UserError(
                 f"{self.family} arch `{self.arch}` is not supported; accepted: {accepted}. A new chip is "
                 f"one profile file naming it (hwprofiles/, or a directory in POLYMORPH_PROFILES)"
+                + _unreadable_note()
             )
 
     @classmethod

@@ -115,3 +115,21 @@ def test_direct_construction_is_validated_too() -> None:
         Target("cuda", "sm_80")
     with pytest.raises(UserError, match="unknown target family"):
         Target("tpu", None)
+
+
+def test_unsupported_arch_names_profile_files_that_could_not_be_read(tmp_path, monkeypatch) -> None:
+    # A user's profile with a syntax error must not read as "no profile names this chip".
+    (tmp_path / "l4.toml").write_text('target = "cuda:sm_89"\n[figures\n', encoding="utf-8")
+    (tmp_path / "notarget.toml").write_text("[figures]\n", encoding="utf-8")
+    monkeypatch.setenv("POLYMORPH_PROFILES", str(tmp_path))
+    with pytest.raises(UserError) as err:
+        Target.parse("cuda:sm_89")
+    text = str(err.value)
+    assert "not supported" in text
+    assert f"{tmp_path / 'l4.toml'} (TOMLDecodeError" in text
+    assert f"{tmp_path / 'notarget.toml'} (no string `target` field)" in text
+    assert "\n" not in text
+    monkeypatch.delenv("POLYMORPH_PROFILES")
+    with pytest.raises(UserError) as err:
+        Target.parse("cuda:sm_89")
+    assert "left out" not in str(err.value)
