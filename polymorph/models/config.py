@@ -1,27 +1,33 @@
 """Model configuration parsed from a Hugging Face `config.json`.
 
-Six families are supported: the dense Llama (`model_type` "llama": Llama 2, 3, 3.1, 3.2), Mistral
-("mistral", full attention only), Qwen2 ("qwen2": q/k/v biases) and Qwen3 ("qwen3": per-head q/k
-RMSNorm, head_dim independent of the width), and the MoE Mixtral ("mixtral") and Qwen3-MoE
-("qwen3_moe"). Both forms that transformers writes are read: the transformers-4 form (`rope_theta` +
-`rope_scaling`, `torch_dtype`) and the transformers-5 form (`rope_parameters`, `dtype`, and
-`num_local_experts` for Qwen3-MoE); where a config.json has both, transformers' precedence is kept (a
-non-empty `rope_scaling` replaces `rope_parameters`). `ModelConfig.to_hf` writes the transformers-4
-form, which transformers 4 and 5 both read, and which `ModelConfig.from_hf` reads back to an equal
-config.
+Dense families: Llama (`model_type` "llama": Llama 2, 3, 3.1, 3.2), Mistral ("mistral", with or
+without its sliding window), Qwen2 ("qwen2": q/k/v biases), Qwen3 ("qwen3": per-head q/k RMSNorm,
+head_dim independent of the width), Gemma 2 and Gemma 3 ("gemma2", "gemma3_text": soft-capping,
+alternating local/global layers with their own rope, (1 + w) RMSNorm, scaled embeddings, pre/post
+feed-forward norms), Phi-3 ("phi3": fused qkv and gate_up weights, longrope, partial rotary) and
+Granite ("granite": embedding, residual, attention and logits multipliers); MoE: Mixtral ("mixtral")
+and Qwen3-MoE ("qwen3_moe"). Rope types default, linear, dynamic, yarn, longrope and llama3;
+activations silu, gelu and gelu-tanh.
+
+Both forms that transformers writes are read: the transformers-4 form (`rope_theta` + `rope_scaling`,
+`torch_dtype`, Gemma 3's `rope_local_base_freq` and `sliding_window_pattern`) and the transformers-5
+form (`rope_parameters`, nested per layer type for Gemma 3, `dtype`, `layer_types`); where a
+config.json has both, transformers' precedence is kept (a non-empty `rope_scaling` replaces
+`rope_parameters`). `ModelConfig.to_hf` writes the transformers-4 form, which transformers 4 and 5
+both read, and which `ModelConfig.from_hf` reads back to an equal config.
 
 Keys that are absent take the default of the transformers config class of that model type, so that a
 checkpoint gives the same model here as in transformers; the sizes that have no sensible default
 (vocabulary, widths, depth, heads, experts) are required. A key that changes the model's math in a way
-the graph builder does not implement (sliding windows, soft-capping, partial rotary, multipliers,
-quantization, ...) is refused by name with a non-neutral value, never ignored (`_UNIMPLEMENTED`).
+the graph builder does not implement is refused by name with a non-neutral value, never ignored
+(`_UNIMPLEMENTED`), and so is a feature the IR of this build lacks (`_require_ir`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,13 +35,27 @@ import numpy as np
 
 from polymorph.errors import UserError
 
-ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
-RopeType = Literal["default", "llama3"]
+ModelType = Literal[
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe"
+]
+RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3"]
+Activation = Literal["silu", "gelu", "gelu_tanh"]
 RouterStyle = Literal["topk_softmax", "softmax_topk"]
 
-MODEL_TYPES: tuple[ModelType, ...] = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+MODEL_TYPES: tuple[ModelType, ...] = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe"
+)  # fmt: skip
 MOE_TYPES: tuple[ModelType, ...] = ("mixtral", "qwen3_moe")
-ROPE_TYPES: tuple[RopeType, ...] = ("default", "llama3")
+GEMMA_TYPES: tuple[ModelType, ...] = ("gemma2", "gemma3_text")
+ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# transformers' ACT2FN names -> the activation they compute (gelu_new and gelu_fast are the tanh
+# approximation written out; silu and swish are both x * sigmoid(x)).
+_ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
+}  # fmt: skip
 
 # Defaults of the transformers (5.x) config classes for keys a config.json may leave out.
 # `head_dim` None: hidden_size // num_attention_heads. `sliding_window`: the class default, before
@@ -48,6 +68,20 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "sliding_window": 4096, "max_window_layers": 28},
     "qwen3": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "rope_theta": 10000.0,
               "head_dim": 128, "sliding_window": 4096, "max_window_layers": 28},
+    "gemma2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "rope_theta": 10000.0,
+               "head_dim": 256, "sliding_window": 4096, "tie_word_embeddings": True,
+               "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window_pattern": 2},
+    "gemma3_text": {"rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "rope_theta": 1e6,
+                    "rope_local_base_freq": 10000.0, "head_dim": 256, "sliding_window": 4096,
+                    "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": 256, "attn_logit_softcapping": None,
+                    "final_logit_softcapping": None, "sliding_window_pattern": 6},
+    "phi3": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+             "original_max_position_embeddings": 4096, "sliding_window": None},
+    "granite": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+                "attention_multiplier": 1.0, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+                "logits_scaling": 1.0},
     "mixtral": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096 * 32, "rope_theta": 1e6},
     "qwen3_moe": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "rope_theta": 10000.0,
                   "sliding_window": 4096},
@@ -57,6 +91,10 @@ _ARCHITECTURES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "granite": "GraniteForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
@@ -65,9 +103,12 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_p
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary position embedding: base `theta` and, for "llama3", the Llama 3.1 frequency scaling.
+    """Rotary position embedding: base `theta`, the scaling of `rope_type`, and how much of each head
+    it rotates (`rotary_dim`, 0: all of it).
 
-    The four scaling fields are None for "default" and all set for "llama3".
+    Fields a type does not use keep their defaults (None or neutral). `attention_factor` multiplies
+    cos and sin (yarn's mscale, longrope's factor), computed here as transformers computes it.
+    "dynamic" reads `max_position_embeddings`, the length past which its base grows.
     """
 
     theta: float
@@ -76,37 +117,65 @@ class RopeConfig:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    attention_factor: float = 1.0
+    truncate: bool = True
+    rotary_dim: int = 0
+    max_position_embeddings: int | None = None
 
     def op_attrs(self) -> dict[str, Any]:
-        """The attributes of the IR's `rope` op for this configuration (defaults for the unset fields)."""
+        """The attributes of the IR's `rope` op for this configuration (defaults left out)."""
         attrs: dict[str, Any] = {"theta": float(self.theta), "rope_type": self.rope_type}
-        scaling = {
+        optional = {
             "factor": self.factor,
             "low_freq_factor": self.low_freq_factor,
             "high_freq_factor": self.high_freq_factor,
             "original_max_position_embeddings": self.original_max_position_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "beta_fast": self.beta_fast,
+            "beta_slow": self.beta_slow,
+            "short_factor": list(self.short_factor) if self.short_factor is not None else None,
+            "long_factor": list(self.long_factor) if self.long_factor is not None else None,
         }
-        attrs.update({k: v for k, v in scaling.items() if v is not None})
+        attrs.update({k: v for k, v in optional.items() if v is not None})
+        if self.attention_factor != 1.0:
+            attrs["attention_factor"] = float(self.attention_factor)
+        if not self.truncate:
+            attrs["truncate"] = False
+        if self.rotary_dim:
+            attrs["rotary_dim"] = int(self.rotary_dim)
         return attrs
 
-    def inv_freq(self, head_dim: int) -> np.ndarray:
-        """Inverse frequencies, float64 of shape [head_dim // 2], as transformers computes them."""
+    def inv_freq(self, head_dim: int, seq_len: int | None = None) -> np.ndarray:
+        """Inverse frequencies, float64 of shape [rotary_dim // 2], as transformers computes them
+        (`seq_len`: the length the sequence-dependent types, dynamic and longrope, see)."""
+        from polymorph.ir import reference
         from polymorph.ir.ops import OPS, normalize_attrs
-        from polymorph.ir.reference import rope_inv_freq
 
-        return rope_inv_freq(head_dim, normalize_attrs(OPS["rope"], self.op_attrs()), np.float64)
+        attrs = normalize_attrs(OPS["rope"], self.op_attrs())
+        return reference.rope_inv_freq(head_dim, attrs, np.float64, seq_len=seq_len)
 
     def to_hf_scaling(self) -> dict[str, Any] | None:
         """The transformers-4 `rope_scaling` value: None for "default", else the scaling dict."""
         if self.rope_type == "default":
             return None
-        return {
-            "rope_type": self.rope_type,
-            "factor": self.factor,
-            "low_freq_factor": self.low_freq_factor,
-            "high_freq_factor": self.high_freq_factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-        }
+        d: dict[str, Any] = {"rope_type": self.rope_type}
+        if self.rope_type in ("linear", "dynamic", "yarn", "longrope", "llama3"):
+            d["factor"] = self.factor
+        if self.rope_type == "llama3":
+            d.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor)
+        if self.rope_type == "yarn":
+            d.update(beta_fast=self.beta_fast, beta_slow=self.beta_slow,
+                     attention_factor=self.attention_factor, truncate=self.truncate)  # fmt: skip
+        if self.rope_type == "longrope":
+            d.update(short_factor=list(self.short_factor or ()), long_factor=list(self.long_factor or ()),
+                     attention_factor=self.attention_factor)  # fmt: skip
+        if self.rope_type in ("yarn", "longrope", "llama3"):
+            d["original_max_position_embeddings"] = self.original_max_position_embeddings
+        return d
 
 
 @dataclass(frozen=True)
@@ -119,6 +188,10 @@ class ModelConfig:
     "topk_softmax" (Mixtral) takes the top-k logits and softmaxes over them; "softmax_topk" (Qwen3-MoE)
     softmaxes over all experts, takes the top-k probabilities and renormalizes them to sum 1 only when
     `norm_topk_prob`. (Mixtral's form equals "softmax_topk" with renormalization.)
+
+    `layer_types` gives each layer "full_attention" or "sliding_attention" (empty: all full); sliding
+    layers attend through `sliding_window` tokens (the token itself counted) and use `rope_local` when
+    set (Gemma 3's local base). `attention_scale` None: head_dim ** -0.5. Softcaps 0: none.
     """
 
     model_type: ModelType
@@ -141,15 +214,30 @@ class ModelConfig:
     moe_intermediate_size: int | None = None
     norm_topk_prob: bool = False
     router: RouterStyle | None = None
+    hidden_act: Activation = "silu"
+    layer_types: tuple[str, ...] = field(default=())
+    sliding_window: int | None = None
+    rope_local: RopeConfig | None = None
+    attention_scale: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @property
     def is_moe(self) -> bool:
         return self.model_type in MOE_TYPES
 
     @property
+    def is_gemma(self) -> bool:
+        """(1 + w) RMSNorms, sqrt(hidden)-scaled embeddings, norms before and after the feed-forward."""
+        return self.model_type in GEMMA_TYPES
+
+    @property
     def qk_norm(self) -> bool:
-        """Whether attention applies an RMSNorm over head_dim to q and k (always on for Qwen3)."""
-        return self.model_type in ("qwen3", "qwen3_moe")
+        """Whether attention applies an RMSNorm over head_dim to q and k (Qwen3, Gemma 3)."""
+        return self.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
 
     @property
     def qkv_bias(self) -> bool:
@@ -168,14 +256,30 @@ class ModelConfig:
             return self.intermediate_size
         return self.moe_intermediate_size
 
+    @property
+    def scale(self) -> float:
+        """The attention's q.k scale."""
+        return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of `layer` (0: full attention), the IR's `window` attribute."""
+        if self.sliding_window is None or not self.layer_types or self.layer_types[layer] != SLIDING:
+            return 0
+        return self.sliding_window
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The rope of `layer`: `rope_local` for sliding layers where the model has one."""
+        if self.rope_local is not None and self.layer_types and self.layer_types[layer] == SLIDING:
+            return self.rope_local
+        return self.rope
+
     @classmethod
     def from_hf(cls, d: dict[str, Any], source: str) -> ModelConfig:
         """Parse a Hugging Face config dict; `source` names it (a path) in error messages.
 
         Raises UserError for an unknown `model_type`, a missing required key, a value of the wrong
-        type, and for features the graph builders do not implement (rope types other than default and
-        llama3, activations other than silu, sliding-window attention, soft-capping, multipliers,
-        quantized weights, Qwen3-MoE dense layers: see `_UNIMPLEMENTED`), naming the key.
+        type, and for features the graph builders do not implement (see `_UNIMPLEMENTED`,
+        `_require_ir`), naming the key.
         """
         if not isinstance(d, dict):
             raise UserError(f"{source}: a model config must be a JSON object, got {type(d).__name__}")
@@ -187,13 +291,7 @@ class ModelConfig:
             )
         kind: ModelType = model_type  # type: ignore[assignment]
         defaults = _DEFAULTS[kind]
-
-        hidden_act = r.str_("hidden_act", "silu")
-        if hidden_act not in ("silu", "swish"):  # transformers' ACT2FN: both are x * sigmoid(x)
-            raise UserError(
-                f"{source}: hidden_act {hidden_act!r} is not supported; supported: silu (the gated MLP "
-                "with another activation has no graph builder yet)"
-            )
+        hidden_act = _parse_activation(r, kind)
 
         hidden = r.int_("hidden_size")
         heads = r.int_("num_attention_heads")
@@ -213,7 +311,8 @@ class ModelConfig:
         layers = r.int_("num_hidden_layers")
         max_positions = r.int_("max_position_embeddings", defaults["max_position_embeddings"])
         _refuse_unimplemented(d, source, kind, head_dim)
-        _refuse_sliding_window(r, kind, layers)
+        layer_types, window = _parse_windows(r, kind, layers)
+        rope, rope_local = _parse_ropes(d, source, kind, max_positions, head_dim)
 
         fields: dict[str, Any] = {
             "model_type": kind,
@@ -226,13 +325,30 @@ class ModelConfig:
             "head_dim": head_dim,
             "rms_norm_eps": r.float_("rms_norm_eps", defaults["rms_norm_eps"]),
             "max_position_embeddings": max_positions,
-            "rope": _parse_rope(d, source, defaults["rope_theta"], max_positions),
-            "tie_word_embeddings": r.bool_("tie_word_embeddings", False),
+            "rope": rope,
+            "rope_local": rope_local,
+            "tie_word_embeddings": r.bool_("tie_word_embeddings", defaults.get("tie_word_embeddings", False)),
             # the families whose transformers classes read them; the others have no such biases
             "attention_bias": r.bool_("attention_bias", False) if kind in _ATTENTION_BIAS else False,
-            "mlp_bias": r.bool_("mlp_bias", False) if kind == "llama" else False,
+            "mlp_bias": r.bool_("mlp_bias", False) if kind in ("llama", "granite") else False,
             "dtype": _parse_dtype(r),
+            "hidden_act": hidden_act,
+            "layer_types": layer_types,
+            "sliding_window": window,
         }
+        if kind in GEMMA_TYPES:
+            fields.update(
+                attention_scale=_positive(r, "query_pre_attn_scalar", defaults) ** -0.5,
+                attn_softcap=_softcap(r, "attn_logit_softcapping", defaults),
+                final_softcap=_softcap(r, "final_logit_softcapping", defaults),
+            )
+        elif kind == "granite":
+            fields.update(
+                attention_scale=_positive(r, "attention_multiplier", defaults),
+                embedding_multiplier=_positive(r, "embedding_multiplier", defaults),
+                residual_multiplier=_positive(r, "residual_multiplier", defaults),
+                logits_scaling=_positive(r, "logits_scaling", defaults),
+            )
 
         if kind == "mixtral":
             fields.update(
@@ -261,10 +377,13 @@ class ModelConfig:
                 f"{source}: num_experts_per_tok {fields['num_experts_per_tok']} exceeds the "
                 f"{fields['num_experts']} experts"
             )
-        return cls(**fields)
+        cfg = cls(**fields)
+        _require_ir(cfg, source)
+        return cfg
 
     def to_hf(self) -> dict[str, Any]:
         """The transformers-4 form of this config; `from_hf(to_hf())` gives an equal config."""
+        act = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}[self.hidden_act]
         d: dict[str, Any] = {
             "architectures": [_ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
@@ -275,7 +394,7 @@ class ModelConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": act,
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": self.rope.theta,
@@ -284,12 +403,38 @@ class ModelConfig:
         }
         if self.model_type in _ATTENTION_BIAS:
             d["attention_bias"] = self.attention_bias
-        if self.model_type == "llama":
+        if self.model_type in ("llama", "granite"):
             d["mlp_bias"] = self.mlp_bias
-        if self.model_type in ("mistral", "mixtral"):
-            d["sliding_window"] = None
+        windowed = self.sliding_window is not None and SLIDING in self.layer_types
+        window = self.sliding_window if windowed else None
+        if self.model_type in ("mistral", "mixtral", "phi3"):
+            d["sliding_window"] = window
         if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
-            d.update(use_sliding_window=False, sliding_window=None)
+            d.update(use_sliding_window=windowed, sliding_window=window)
+            if windowed and self.model_type != "qwen3_moe":
+                d.update(layer_types=list(self.layer_types), max_window_layers=self.num_hidden_layers)
+        if self.rope.rotary_dim:
+            d["partial_rotary_factor"] = self.rope.rotary_dim / self.head_dim
+        if self.model_type == "phi3" and self.rope.original_max_position_embeddings is not None:
+            d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings
+        if self.model_type in GEMMA_TYPES:
+            d.update(
+                hidden_activation=act,
+                sliding_window=self.sliding_window,
+                layer_types=list(self.layer_types),
+                query_pre_attn_scalar=_integral(self.scale**-2),
+                attn_logit_softcapping=self.attn_softcap or None,
+                final_logit_softcapping=self.final_softcap or None,
+            )
+            if self.model_type == "gemma3_text":
+                d["rope_local_base_freq"] = (self.rope_local or self.rope).theta
+        if self.model_type == "granite":
+            d.update(
+                attention_multiplier=self.scale,
+                embedding_multiplier=self.embedding_multiplier,
+                residual_multiplier=self.residual_multiplier,
+                logits_scaling=self.logits_scaling,
+            )
         if self.model_type == "mixtral":
             d.update(num_local_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok)
         elif self.model_type == "qwen3_moe":
@@ -324,7 +469,8 @@ class ModelConfig:
             mlp = 3 * h * self.intermediate_size
             if self.mlp_bias:
                 mlp += 2 * self.intermediate_size + h
-        per_layer = attn + mlp + 2 * h  # + input and post-attention RMSNorm
+        norms = 4 if self.is_gemma else 2  # Gemma adds pre/post feed-forward norms
+        per_layer = attn + mlp + norms * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + layers * per_layer + h  # + final RMSNorm
 
@@ -417,69 +563,286 @@ def _parse_dtype(r: _Reader) -> str | None:
     return v.removeprefix("torch.")
 
 
-def _parse_rope(d: dict[str, Any], source: str, default_theta: float, max_positions: int) -> RopeConfig:
-    """Read rope from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4).
+def _integral(v: float) -> float | int:
+    """`v` as an int when it is one up to rounding (transformers types query_pre_attn_scalar as int)."""
+    return round(v) if math.isclose(v, round(v), rel_tol=1e-9) else v
 
-    With both present, transformers 5 (`convert_rope_params_to_dict`) takes a non-empty `rope_scaling`
-    in place of `rope_parameters`, whatever the latter says; theta is the chosen dict's `rope_theta`,
-    else the top-level `rope_theta`, else the family's default. llama3 scaling without
-    `original_max_position_embeddings` uses `max_position_embeddings`, as transformers does.
-    """
+
+def _parse_activation(r: _Reader, kind: str) -> Activation:
+    """The MLP activation: Gemma's classes read `hidden_activation`, the others `hidden_act`."""
+    source = r.source
+    if kind in GEMMA_TYPES:
+        key, name = r._get("hidden_activation", _DEFAULTS[kind]["hidden_activation"])
+    else:
+        key, name = r._get("hidden_act", "silu")
+        other = r.d.get("hidden_activation")
+        if other is not None and _ACTIVATIONS.get(other) != _ACTIVATIONS.get(name):
+            raise UserError(
+                f"{source}: `hidden_activation`={other!r} disagrees with hidden_act {name!r}, and {kind} "
+                "reads only hidden_act; remove one"
+            )
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
+        raise UserError(f"{source}: {key} {name!r} is not supported; supported: {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def _positive(r: _Reader, key: str, defaults: dict[str, Any]) -> float:
+    value = r.float_(key, defaults[key])
+    if value <= 0:
+        raise r._bad(key, value, "a positive number")
+    return value
+
+
+def _softcap(r: _Reader, key: str, defaults: dict[str, Any]) -> float:
+    """A soft-capping value; 0.0 for none (null, as transformers treats it)."""
+    if key in r.d and r.d[key] is None:
+        return 0.0
+    if key not in r.d and defaults[key] is None:
+        return 0.0
+    return _positive(r, key, defaults)
+
+
+def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...], int | None]:
+    """(layer_types, sliding_window) as transformers' attention layers of `kind` see them: () and None
+    when every layer attends fully. Mistral, Mixtral, Phi-3 and Qwen3-MoE window every layer with
+    `sliding_window` (Qwen only with `use_sliding_window`); Qwen2/Qwen3 window the layers
+    `layer_types` names, else those from `max_window_layers` on; Gemma windows the layers
+    `layer_types` names, else every layer but each `sliding_window_pattern`-th (Gemma 2: 2)."""
+    d, source = r.d, r.source
+    types = d.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or not all(t in (FULL, SLIDING) for t in types):
+            raise r._bad("layer_types", types, f'a list of "{FULL}" and "{SLIDING}"')
+        if len(types) != layers:
+            raise UserError(
+                f"{source}: layer_types has {len(types)} entries for {layers} layers (num_hidden_layers)"
+            )
+    window = d.get("sliding_window", _DEFAULTS[kind].get("sliding_window"))
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise r._bad("sliding_window", window, "a positive integer or null")
+    if kind in ("llama", "granite"):
+        if window is not None:
+            raise UserError(
+                f"{source}: sliding_window={window!r} asks for sliding-window attention, which {kind} does "
+                "not have in transformers; set sliding_window to null or use model_type mistral"
+            )
+        if types is not None and SLIDING in types:
+            raise UserError(f"{source}: layer_types names sliding layers, which {kind} does not have")
+        return (), None
+    if kind in ("qwen2", "qwen3", "qwen3_moe") and not r.bool_("use_sliding_window", False):
+        window = None  # transformers sets sliding_window to None
+    if window is None:
+        return (), None
+    if kind in ("mistral", "mixtral", "phi3", "qwen3_moe"):
+        chosen = [SLIDING] * layers  # transformers windows every layer; layer_types is not read
+    elif types is not None:
+        chosen = list(types)
+    elif kind in ("qwen2", "qwen3"):
+        first = d.get("max_window_layers", _DEFAULTS[kind]["max_window_layers"])
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise r._bad("max_window_layers", first, "a non-negative integer")
+        chosen = [SLIDING if i >= first else FULL for i in range(layers)]
+    else:  # gemma: every `pattern`-th layer is global
+        pattern = r.int_("sliding_window_pattern", _DEFAULTS[kind]["sliding_window_pattern"])
+        chosen = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+    if SLIDING not in chosen:
+        return (), None
+    return tuple(chosen), window
+
+
+def _parse_ropes(
+    d: dict[str, Any], source: str, kind: str, max_positions: int, head_dim: int
+) -> tuple[RopeConfig, RopeConfig | None]:
+    """(rope of the full layers, rope of the sliding layers where it differs: Gemma 3)."""
     scaling_raw, params_raw = d.get("rope_scaling"), d.get("rope_parameters")
     for key, value in (("rope_scaling", scaling_raw), ("rope_parameters", params_raw)):
         if value is not None and not isinstance(value, dict):
             raise UserError(f"{source}: {key} must be an object or null, got {value!r}")
+    top_theta = d.get("rope_theta", _DEFAULTS[kind]["rope_theta"])
+    if kind == "gemma3_text":
+        # transformers 5 (Gemma3TextConfig.convert_rope_params_to_dict): rope_parameters nested per layer
+        # type; rope_scaling (the transformers-4 form) updates the global layers' entry only; thetas fill
+        # from rope_theta (global) and rope_local_base_freq (local).
+        params = dict(params_raw or {})
+        if params and not {FULL, SLIDING} >= params.keys():
+            raise UserError(
+                f"{source}: rope_parameters for gemma3_text must be nested by layer type ({FULL}, {SLIDING}), "
+                f"got keys {sorted(params)}"
+            )
+        full = dict(params.get(FULL) or {"rope_type": "default"})
+        local = dict(params.get(SLIDING) or {"rope_type": "default"})
+        if scaling_raw:
+            full.update(scaling_raw)
+        full.setdefault("rope_theta", top_theta)
+        local.setdefault("rope_theta", d.get("rope_local_base_freq", _DEFAULTS[kind]["rope_local_base_freq"]))
+        return (
+            _rope_from(full, d, source, f"{source}: rope_parameters.{FULL}", kind, max_positions, head_dim),
+            _rope_from(
+                local, d, source, f"{source}: rope_parameters.{SLIDING}", kind, max_positions, head_dim
+            ),
+        )
     key = "rope_scaling" if scaling_raw else "rope_parameters"
     scaling: dict[str, Any] = dict((scaling_raw if scaling_raw else params_raw) or {})
-    where = f"{source}: {key}"
     nested = [k for k, v in scaling.items() if isinstance(v, dict)]
     if nested:
         raise UserError(
-            f"{where} gives rope per layer type ({', '.join(nested)}), which polymorph does not "
-            "implement (one rope for every layer); use a model with a single rope configuration"
+            f"{source}: {key} gives rope per layer type ({', '.join(nested)}), which {kind} does not have "
+            "in transformers (one rope for every layer); use a model with a single rope configuration"
         )
-    theta_value = scaling["rope_theta"] if "rope_theta" in scaling else d.get("rope_theta", default_theta)
-    if isinstance(theta_value, bool) or not isinstance(theta_value, (int, float)) or theta_value <= 0:
-        raise UserError(f"{source}: rope_theta must be a positive number, got {theta_value!r}")
-    partial = scaling.get("partial_rotary_factor")
-    if partial is not None and partial != 1:
-        raise UserError(
-            f"{where}: partial_rotary_factor={partial!r} (rope on part of each head) is not implemented; "
-            "polymorph rotates the whole head (partial_rotary_factor 1.0)"
-        )
+    scaling.setdefault("rope_theta", top_theta)
+    return _rope_from(scaling, d, source, f"{source}: {key}", kind, max_positions, head_dim), None
 
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+
+def _number(where: str, name: str, v: Any, positive: bool = True) -> float:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or (positive and v <= 0)
+    ):
+        raise UserError(f"{where}: `{name}` must be a {'positive ' if positive else ''}number, got {v!r}")
+    return float(v)
+
+
+def _rope_from(
+    s: dict[str, Any],
+    d: dict[str, Any],
+    source: str,
+    where: str,
+    kind: str,
+    max_positions: int,
+    head_dim: int,
+) -> RopeConfig:
+    """One rope configuration from its (flat) dict `s`, as transformers' ROPE_INIT_FUNCTIONS read it."""
+    theta = _number(source, "rope_theta", s["rope_theta"])
+    rope_type = s.get("rope_type", s.get("type", "default"))
+    if kind == "phi3" and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config renames both
     if rope_type not in ROPE_TYPES:
         raise UserError(
             f"{where}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
+    partial = s.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    partial = _number(where, "partial_rotary_factor", partial)
+    if partial != 1.0 and kind != "phi3":
+        raise UserError(
+            f"{where}: partial_rotary_factor={partial!r} (rope on part of each head) is not implemented for "
+            f"{kind}; only phi3 rotates part of the head"
+        )
+    dim = int(head_dim * partial)
+    if dim % 2 or dim <= 0 or dim > head_dim:
+        raise UserError(f"{where}: partial_rotary_factor {partial} gives an odd or empty rotary dim {dim}")
+    rotary_dim = 0 if dim == head_dim else dim
     if rope_type == "default":
-        return RopeConfig(theta=float(theta_value))
+        return RopeConfig(theta=theta, rotary_dim=rotary_dim)
 
-    values: dict[str, Any] = {}
-    for name in _LLAMA3_KEYS:
-        v = scaling.get(name, max_positions if name == "original_max_position_embeddings" else None)
-        if v is None:
-            raise UserError(f"{where}: llama3 rope scaling needs `{name}`, which is missing")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise UserError(f"{where}: `{name}` must be a positive number, got {v!r}")
-        values[name] = v
-    if values["high_freq_factor"] == values["low_freq_factor"]:
-        raise UserError(f"{where}: high_freq_factor must differ from low_freq_factor")
-    if values["original_max_position_embeddings"] != int(values["original_max_position_embeddings"]):
-        raise UserError(f"{where}: original_max_position_embeddings must be an integer")
-    return RopeConfig(
-        theta=float(theta_value),
-        rope_type="llama3",
-        factor=float(values["factor"]),
-        low_freq_factor=float(values["low_freq_factor"]),
-        high_freq_factor=float(values["high_freq_factor"]),
-        original_max_position_embeddings=int(values["original_max_position_embeddings"]),
+    def get(name: str, default: Any = None) -> Any:
+        return s.get(name, default)
+
+    # transformers' standardize_rope_params: a top-level original_max_position_embeddings wins for the
+    # types that use it (Phi-3 stores it there); else the dict's, else max_position_embeddings
+    original = get("original_max_position_embeddings", max_positions)
+    original = d.get(
+        "original_max_position_embeddings", _DEFAULTS[kind].get("original_max_position_embeddings", original)
     )
+    bad_original = isinstance(original, bool) or not isinstance(original, int) or original <= 0
+    if rope_type in ("llama3", "yarn", "longrope") and bad_original:
+        raise UserError(
+            f"{where}: `original_max_position_embeddings` must be a positive integer, got {original!r}"
+        )
+    fields: dict[str, Any] = {"theta": theta, "rope_type": rope_type, "rotary_dim": rotary_dim}
+    if rope_type in ("linear", "dynamic"):
+        if get("factor") is None:
+            raise UserError(f"{where}: {rope_type} rope scaling needs `factor`, which is missing")
+        fields["factor"] = _number(where, "factor", get("factor"))
+        if rope_type == "dynamic":  # dynamic NTK grows the base past max_position_embeddings
+            fields["max_position_embeddings"] = max_positions
+    elif rope_type == "llama3":
+        for name in _LLAMA3_KEYS[:3]:
+            if get(name) is None:
+                raise UserError(f"{where}: llama3 rope scaling needs `{name}`, which is missing")
+            fields[name] = _number(where, name, get(name))
+        if fields["high_freq_factor"] == fields["low_freq_factor"]:
+            raise UserError(f"{where}: high_freq_factor must differ from low_freq_factor")
+        fields["original_max_position_embeddings"] = original
+    elif rope_type == "yarn":
+        factor = get("factor")
+        factor = max_positions / original if factor is None else _number(where, "factor", factor)
+        attention = get("attention_factor")
+        mscale, mscale_all = get("mscale"), get("mscale_all_dim")
+
+        def yarn_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if attention is None:
+            attention = (
+                yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+                if mscale and mscale_all
+                else yarn_mscale(factor)
+            )
+        truncate = get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise UserError(f"{where}: `truncate` must be true or false, got {truncate!r}")
+        fields.update(
+            factor=float(factor),
+            beta_fast=_number(where, "beta_fast", get("beta_fast") or 32),
+            beta_slow=_number(where, "beta_slow", get("beta_slow") or 1),
+            attention_factor=_number(where, "attention_factor", attention),
+            original_max_position_embeddings=original,
+            truncate=truncate,
+        )
+    else:  # longrope
+        lists = {}
+        for name in ("short_factor", "long_factor"):
+            v = get(name)
+            if not isinstance(v, list) or len(v) != dim // 2:
+                raise UserError(f"{where}: longrope needs `{name}`, a list of {dim // 2} numbers, got {v!r}")
+            lists[name] = tuple(_number(where, name, x) for x in v)
+        factor = get("factor")
+        factor = max_positions / original if factor is None else _number(where, "factor", factor)
+        attention = get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        fields.update(
+            **lists,
+            factor=float(factor),
+            attention_factor=_number(where, "attention_factor", attention),
+            original_max_position_embeddings=original,
+        )
+    return RopeConfig(**fields)
+
+
+def _require_ir(cfg: ModelConfig, source: str) -> None:
+    """UserError when the model needs an op or attribute the IR of this build does not define (so that
+    a model is refused by name rather than built wrong); every feature a config can ask for is listed."""
+    from polymorph.ir.ops import OPS
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise UserError(f"{source}: the model needs {what}, which this build's IR does not define yet")
+
+    rope_spec = OPS["rope"].attrs
+    for rope in {cfg.layer_rope(i) for i in range(cfg.num_hidden_layers)}:
+        choices = rope_spec["rope_type"].choices or ()
+        need(rope.rope_type in choices, f"rope type {rope.rope_type!r} (the rope op's rope_type)")
+        for attr in rope.op_attrs():
+            need(attr in rope_spec, f"the rope op's `{attr}` attribute ({rope.rope_type} rope)")
+    attention = OPS["cache_attention"].attrs
+    if cfg.sliding_window is not None:
+        need("window" in attention, f"sliding-window attention (sliding_window={cfg.sliding_window})")
+    if cfg.attn_softcap:
+        need("softcap" in attention, f"soft-capped attention (attn_logit_softcapping={cfg.attn_softcap})")
+    if cfg.final_softcap:
+        need("softcap" in OPS, f"the softcap op (final_logit_softcapping={cfg.final_softcap})")
+    multipliers = (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling)
+    if cfg.is_gemma or any(m != 1.0 for m in multipliers):
+        need("scale" in OPS, "the scale op (scaled embeddings, residuals or logits)")
+        if cfg.is_gemma:
+            need("round_factor_to_dtype" in OPS["scale"].attrs, "the scale op's round_factor_to_dtype")
 
 
 # Families whose transformers classes read `attention_bias` (bias on q, k, v and o).
-_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe")
+_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text")
 
 
 def _is_one(v: Any, head_dim: int) -> bool:
@@ -500,28 +863,25 @@ def _is_inv_sqrt_head_dim(v: Any, head_dim: int) -> bool:  # Granite: scale = at
     )
 
 
-def _is_silu(v: Any, head_dim: int) -> bool:
-    return v is None or v in ("silu", "swish")
-
-
 # config.json keys that change the model's math in some transformers family and that the graph builder
-# does not implement: key -> (what it does, whether a value is neutral (the math polymorph does)).
-_UNIMPLEMENTED: dict[str, tuple[str, Any]] = {
-    "attn_logit_softcapping": ("soft-capped attention logits", _is_off),
-    "final_logit_softcapping": ("soft-capped output logits", _is_off),
-    "query_pre_attn_scalar": ("an attention scale other than head_dim**-0.5", _is_head_dim),
-    "attention_multiplier": ("an attention scale other than head_dim**-0.5", _is_inv_sqrt_head_dim),
-    "partial_rotary_factor": ("rope on part of each head", _is_one),
-    "hidden_activation": ("an MLP activation other than silu", _is_silu),
-    "embedding_multiplier": ("scaled embeddings", _is_one),
-    "residual_multiplier": ("scaled residual branches", _is_one),
-    "logits_scaling": ("scaled output logits", _is_one),
-    "logit_scale": ("scaled output logits", _is_one),
-    "clip_qkv": ("clipped q/k/v activations", _is_off),
-    "attention_chunk_size": ("chunked local attention", _is_off),
-    "use_qk_norm": ("an RMSNorm of q and k", _is_off),
-    "use_bidirectional_attention": ("bidirectional attention", _is_off),
-}
+# does not implement for the family at hand: key -> (what it does, whether a value is neutral (the math
+# polymorph does), the families that read and implement it).
+_UNIMPLEMENTED: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "attn_logit_softcapping": ("soft-capped attention logits", _is_off, GEMMA_TYPES),
+    "final_logit_softcapping": ("soft-capped output logits", _is_off, GEMMA_TYPES),
+    "query_pre_attn_scalar": ("an attention scale other than head_dim**-0.5", _is_head_dim, GEMMA_TYPES),
+    "attention_multiplier": ("an attention scale other than head_dim**-0.5", _is_inv_sqrt_head_dim, ("granite",)),
+    "embedding_multiplier": ("scaled embeddings", _is_one, ("granite",)),
+    "residual_multiplier": ("scaled residual branches", _is_one, ("granite",)),
+    "logits_scaling": ("scaled output logits", _is_one, ("granite",)),
+    "partial_rotary_factor": ("rope on part of each head", _is_one, ("phi3",)),
+    "logit_scale": ("scaled output logits", _is_one, ()),
+    "clip_qkv": ("clipped q/k/v activations", _is_off, ()),
+    "attention_chunk_size": ("chunked local attention", _is_off, ()),
+    "use_qk_norm": ("an RMSNorm of q and k", _is_off, ()),
+    "use_bidirectional_attention": ("bidirectional attention", _is_off, ()),
+    "rope_local_base_freq": ("a second rope base for local layers", _is_off, ("gemma3_text",)),
+}  # fmt: skip
 
 
 def _refuse_unimplemented(d: dict[str, Any], source: str, kind: str, head_dim: int) -> None:
@@ -535,54 +895,9 @@ def _refuse_unimplemented(d: dict[str, Any], source: str, kind: str, head_dim: i
                 f"{source}: `{key}`{what}: quantized checkpoints (FP8 block-scaled, MXFP4, AWQ, GPTQ) are "
                 "not supported yet; use the model's unquantized bf16/f16/f32 checkpoint"
             )
-    for key, (what, neutral) in _UNIMPLEMENTED.items():
-        if key in d and not neutral(d[key], head_dim):
+    for key, (what, neutral, families) in _UNIMPLEMENTED.items():
+        if kind not in families and key in d and not neutral(d[key], head_dim):
             raise UserError(
                 f"{source}: `{key}`={d[key]!r} ({what}) is not implemented for {kind}; polymorph refuses "
                 "rather than compute another model: use a model without it"
             )
-
-
-def _refuse_sliding_window(r: _Reader, kind: str, layers: int) -> None:
-    """UserError when any layer would attend through a sliding window, as transformers decides it:
-    Mistral/Mixtral/Llama use `sliding_window` (Mistral's default is 4096); Qwen's apply it only with
-    `use_sliding_window`, to the layers from `max_window_layers` on (or the ones `layer_types` names)."""
-    d, source = r.d, r.source
-    fix = "polymorph has no windowed attention yet; only full-attention models load"
-    types = d.get("layer_types")
-    if types is not None:
-        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-            raise r._bad("layer_types", types, "a list of strings")
-        windowed = [i for i, t in enumerate(types) if t != "full_attention"]
-        if windowed:
-            kinds = sorted({types[i] for i in windowed})
-            raise UserError(
-                f"{source}: layer_types makes {len(windowed)} of {len(types)} layers {'/'.join(kinds)} "
-                f"(first: layer {windowed[0]}); {fix}"
-            )
-    default = _DEFAULTS[kind].get("sliding_window")
-    window = d.get("sliding_window", default)
-    if window is None:
-        return
-    if kind in ("qwen2", "qwen3", "qwen3_moe"):
-        if not r.bool_("use_sliding_window", False):
-            return  # transformers sets sliding_window to None
-        if kind != "qwen3_moe":  # Qwen3-MoE windows every layer
-            if types is not None:
-                return  # layer_types (all full attention, checked above) decides
-            first = d.get("max_window_layers", _DEFAULTS[kind]["max_window_layers"])
-            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-                raise r._bad("max_window_layers", first, "a non-negative integer")
-            if first >= layers:
-                return  # no layer reaches max_window_layers
-        raise UserError(
-            f"{source}: use_sliding_window=true with sliding_window={window!r} makes layers attend "
-            f"through a window; {fix}: set use_sliding_window to false if the model was trained without it"
-        )
-    absent = (
-        " (absent from config.json: transformers' default for mistral)" if "sliding_window" not in d else ""
-    )
-    raise UserError(
-        f"{source}: sliding_window={window!r}{absent} asks for sliding-window attention; {fix}: set "
-        "sliding_window to null if the model was trained with full attention"
-    )

@@ -1,10 +1,13 @@
-"""Graph builders for decoder-only transformers: the dense Llama (2, 3, 3.1, 3.2), Mistral, Qwen2 and
-Qwen3, and the MoE Mixtral and Qwen3-MoE.
+"""Graph builders for decoder-only transformers: the dense Llama (2, 3, 3.1, 3.2), Mistral, Qwen2,
+Qwen3, Gemma 2, Gemma 3, Phi-3 and Granite, and the MoE Mixtral and Qwen3-MoE.
 
 One step of the model, for any mix of prefill and decode: `seq` new tokens per sequence at absolute
 `positions`, written into the paged KV cache and attended causally over everything the cache holds
-up to each token's position. Parameter names are the Hugging Face checkpoint's, except the experts
-of an MoE layer, which are stacked per layer (see `weights.expert_param_names`).
+up to each token's position (within the layer's sliding window, if it has one). Parameter names are
+the Hugging Face checkpoint's, except the experts of an MoE layer, which are stacked per layer (see
+`weights.expert_param_names`), and Phi-3's fused `qkv_proj` and `gate_up_proj`, which the graph reads
+as the q/k/v and gate/up projections of the other families (split at load, `weights._find`).
+Gemma's (1 + w) RMSNorm weights are folded at load (graph meta `norm_weight_offset`).
 
 Symbols: batch, seq, ctx_blocks (blocks per sequence in the block table), cache_blocks (the pool).
 """
@@ -45,16 +48,16 @@ def build_decoder(
     `num_layers` builds only the first layers (the engine's fast tier); default: all of them.
     """
     layers = cfg.num_hidden_layers if num_layers is None else num_layers
-    g = GraphBuilder(
-        name,
-        meta={
-            "model_type": cfg.model_type,
-            "dtype": dtype.value,
-            "block_size": block_size,
-            "layers": layers,
-            "all_logits": all_logits,
-        },
-    )
+    meta: dict[str, object] = {
+        "model_type": cfg.model_type,
+        "dtype": dtype.value,
+        "block_size": block_size,
+        "layers": layers,
+        "all_logits": all_logits,
+    }
+    if cfg.is_gemma:  # the checkpoint stores w of x / rms(x) * (1 + w): the loader adds the 1
+        meta["norm_weight_offset"] = 1.0
+    g = GraphBuilder(name, meta=meta)
     d, hd = cfg.hidden_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     tokens = g.input("tokens", DType.I32, ("batch", "seq"))
@@ -62,7 +65,10 @@ def build_decoder(
     table = g.input("block_table", DType.I32, ("batch", "ctx_blocks"))
     embed = g.param("model.embed_tokens.weight", dtype, (cfg.vocab_size, d))
     x = g.op("embedding", "embed", embed, tokens)  # [B, S, D]
-    rope = cfg.rope.op_attrs()
+    if cfg.is_gemma:  # Gemma rounds its normalizer sqrt(hidden) to the activation dtype first
+        x = g.op("scale", "embed_scale", x, factor=d**0.5, round_factor_to_dtype=True)
+    elif cfg.embedding_multiplier != 1.0:
+        x = g.op("scale", "embed_scale", x, factor=cfg.embedding_multiplier)
     eps = cfg.rms_norm_eps
 
     def linear(node: str, x: str, weight: str, n_out: int, n_in: int, bias: bool) -> str:
@@ -72,10 +78,23 @@ def build_decoder(
             return g.op("linear", node, x, w, b)
         return g.op("linear", node, x, w)
 
+    def norm(node: str, x: str, weight: str, width: int) -> str:
+        return g.op("rmsnorm", node, x, g.param(f"{weight}.weight", dtype, (width,)), eps=eps)
+
+    def residual(node: str, x: str, branch: str) -> str:
+        if cfg.residual_multiplier != 1.0:  # Granite scales each branch before adding it
+            branch = g.op("scale", f"{node}_scale", branch, factor=cfg.residual_multiplier)
+        return g.op("add", node, x, branch)
+
+    # Gemma: input_layernorm, post_attention_layernorm (on the attention's output), then
+    # pre_feedforward_layernorm and post_feedforward_layernorm around the MLP; the others normalize the
+    # MLP's input with post_attention_layernorm.
+    mlp_norm = "pre_feedforward_layernorm" if cfg.is_gemma else "post_attention_layernorm"
     for i in range(layers):
         p, n = f"model.layers.{i}", f"layers.{i}"
+        rope = cfg.layer_rope(i).op_attrs()
         # --- attention
-        h = g.op("rmsnorm", f"{n}.attn.norm", x, g.param(f"{p}.input_layernorm.weight", dtype, (d,)), eps=eps)
+        h = norm(f"{n}.attn.norm", x, f"{p}.input_layernorm", d)
         qkv_bias = cfg.qkv_bias
         q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, qkv_bias)
         k = linear(f"{n}.attn.k", h, f"{p}.self_attn.k_proj", nkv * hd, d, qkv_bias)
@@ -83,21 +102,9 @@ def build_decoder(
         q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))  # [B, S, H, Dh]
         k = g.op("reshape", f"{n}.attn.k_heads", k, shape=("batch", "seq", nkv, hd))
         v = g.op("reshape", f"{n}.attn.v_heads", v, shape=("batch", "seq", nkv, hd))
-        if cfg.qk_norm:  # per-head RMSNorm of q and k before rope (Qwen3)
-            q = g.op(
-                "rmsnorm",
-                f"{n}.attn.q_norm",
-                q,
-                g.param(f"{p}.self_attn.q_norm.weight", dtype, (hd,)),
-                eps=eps,
-            )
-            k = g.op(
-                "rmsnorm",
-                f"{n}.attn.k_norm",
-                k,
-                g.param(f"{p}.self_attn.k_norm.weight", dtype, (hd,)),
-                eps=eps,
-            )
+        if cfg.qk_norm:  # per-head RMSNorm of q and k before rope (Qwen3, Gemma 3)
+            q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", hd)
+            k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", hd)
         q = g.op("rope", f"{n}.attn.q_rope", q, positions, **rope)
         k = g.op("rope", f"{n}.attn.k_rope", k, positions, **rope)
         kc = g.state(f"layers.{i}.k_cache", dtype, ("cache_blocks", block_size, nkv, hd))
@@ -106,23 +113,29 @@ def build_decoder(
         vc = g.op("kv_write", f"{n}.attn.v_write", vc, v, table, positions)
         g.update(f"layers.{i}.k_cache", kc)
         g.update(f"layers.{i}.v_cache", vc)
-        a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, scale=hd**-0.5)
+        attn_attrs: dict[str, object] = {"scale": cfg.scale}
+        if cfg.layer_window(i):
+            attn_attrs["window"] = cfg.layer_window(i)
+        if cfg.attn_softcap:
+            attn_attrs["softcap"] = cfg.attn_softcap
+        a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, **attn_attrs)
         a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * hd))
         o = linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * hd, cfg.o_bias)
-        x = g.op("add", f"{n}.attn.residual", x, o)
+        if cfg.is_gemma:
+            o = norm(f"{n}.attn.post_norm", o, f"{p}.post_attention_layernorm", d)
+        x = residual(f"{n}.attn.residual", x, o)
         # --- feed-forward
-        h = g.op(
-            "rmsnorm",
-            f"{n}.mlp.norm",
-            x,
-            g.param(f"{p}.post_attention_layernorm.weight", dtype, (d,)),
-            eps=eps,
-        )
+        h = norm(f"{n}.mlp.norm", x, f"{p}.{mlp_norm}", d)
         if not cfg.is_moe:
             f, mb = cfg.intermediate_size, cfg.mlp_bias
             gate = linear(f"{n}.mlp.gate", h, f"{p}.mlp.gate_proj", f, d, mb)
             up = linear(f"{n}.mlp.up", h, f"{p}.mlp.up_proj", f, d, mb)
-            act = g.op("mul", f"{n}.mlp.swiglu", g.op("silu", f"{n}.mlp.silu", gate), up)
+            if cfg.hidden_act == "silu":
+                act = g.op("silu", f"{n}.mlp.silu", gate)
+            else:
+                approximate = "tanh" if cfg.hidden_act == "gelu_tanh" else "none"
+                act = g.op("gelu", f"{n}.mlp.gelu", gate, approximate=approximate)
+            act = g.op("mul", f"{n}.mlp.{'swiglu' if cfg.hidden_act == 'silu' else 'geglu'}", act, up)
             y = linear(f"{n}.mlp.down", act, f"{p}.mlp.down_proj", d, f, mb)
         else:
             mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
@@ -148,13 +161,19 @@ def build_decoder(
                 g.param(wu, dtype, (e, f, d)),
                 g.param(wd, dtype, (e, d, f)),
             )
-        x = g.op("add", f"{n}.mlp.residual", x, y)
+        if cfg.is_gemma:
+            y = norm(f"{n}.mlp.post_norm", y, f"{p}.post_feedforward_layernorm", d)
+        x = residual(f"{n}.mlp.residual", x, y)
 
     if not all_logits:  # the norm is per token: slice first, normalize one row per sequence
         x = g.op("slice", "last_token", x, axis=1, start=-1, end=None)  # [B, 1, D]
-    x = g.op("rmsnorm", "final_norm", x, g.param("model.norm.weight", dtype, (d,)), eps=eps)
+    x = norm("final_norm", x, "model.norm", d)
     head = embed if cfg.tie_word_embeddings else g.param("lm_head.weight", dtype, (cfg.vocab_size, d))
     logits = g.op("linear", "lm_head", x, head)
+    if cfg.logits_scaling != 1.0:  # Granite divides the logits
+        logits = g.op("scale", "logits_scale", logits, factor=1.0 / cfg.logits_scaling)
+    if cfg.final_softcap:
+        logits = g.op("softcap", "logits_softcap", logits, cap=cfg.final_softcap)
     if dtype != DType.F32:
         logits = g.op("cast", "logits_f32", logits, dtype="f32")
     g.output("logits", logits)

@@ -10,6 +10,8 @@ embedding (or, when only `lm_head.weight` is stored, that tensor for both); an u
 `lm_head.weight` and is refused without it, never given the embedding. MoE experts differ: the hub layout stores one tensor per
 expert (`experts.3.w1.weight`, `experts.3.gate_proj.weight`) and transformers 5 keeps them fused in
 memory (`experts.gate_up_proj`), while the graph reads one stacked tensor per layer and projection.
+Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: split by rows at load. Gemma's
+norm weights w (of x / rms(x) * (1 + w)) are loaded as 1 + w (graph meta `norm_weight_offset`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ _EXPERT_NAMES = {
     "block_sparse_moe": ("w1", "w3", "w2"),  # Mixtral
     "mlp": ("gate_proj", "up_proj", "down_proj"),  # Qwen3-MoE
 }
+# Phi-3's fused projections, read as the separate ones the graph has.
+_FUSED = re.compile(
+    r"^(?P<prefix>model\.layers\.\d+)\.(?:self_attn|mlp)\.(?P<proj>q|k|v|gate|up)_proj\.weight$"
+)
 _STACKED = re.compile(r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp))\.experts\.w_(?P<proj>gate|up|down)$")
 
 
@@ -63,6 +69,7 @@ def checkpoint_weights(
     tensor when one is missing, has another shape, is stored in a dtype the model cannot mean (see
     `_stored_dtype_fault`; `declared`: config.json's `torch_dtype`), or is wholly NaN or infinite."""
     expected = _expected_dtype(tensors, declared)
+    offset = float(graph.meta.get("norm_weight_offset", 0.0))
     out: dict[str, np.ndarray] = {}
     for name, t in graph.params.items():
         arr = _find(name, tensors, graph, source)
@@ -79,6 +86,12 @@ def checkpoint_weights(
                 f"{source}: `{name}` is NaN or infinite in every element; the checkpoint is corrupt (a "
                 "failed training run or conversion): re-download or re-export it"
             )
+        if offset and name.endswith("norm.weight"):
+            # Gemma's x / rms(x) * (1 + w): the 1 is added in f32, then cast once (the contract's fold)
+            out[name] = np.ascontiguousarray(
+                (arr.astype(np.float32) + np.float32(offset)).astype(t.dtype.numpy)
+            )
+            continue
         out[name] = np.ascontiguousarray(
             arr.astype(np.float32).astype(t.dtype.numpy) if arr.dtype != t.dtype.numpy else arr
         )
@@ -179,10 +192,35 @@ def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: st
             'the head at random); if the model shares its embedding as output head, set "tie_word_embeddings": '
             "true in config.json, else the checkpoint is incomplete: re-download it"
         )
+    m = _FUSED.match(name)
+    if m:
+        return _split_fused(name, m["prefix"], m["proj"], tensors, graph, source)
     m = _STACKED.match(name)
     if m:
         return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)
     raise UserError(f"{source}: the checkpoint has no tensor `{name}`; is it a checkpoint of this model?")
+
+
+def _split_fused(
+    name: str, prefix: str, proj: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: str
+) -> np.ndarray:
+    """One projection's rows of Phi-3's fused weights: `qkv_proj` holds q, k, v rows in that order,
+    `gate_up_proj` gate rows then up rows (transformers' Phi3Attention and Phi3MLP slice them so)."""
+    attn = proj in ("q", "k", "v")
+    parts = ("q", "k", "v") if attn else ("gate", "up")
+    fused = f"{prefix}.{'self_attn.qkv_proj' if attn else 'mlp.gate_up_proj'}.weight"
+    if fused not in tensors:
+        raise UserError(f"{source}: the checkpoint has no tensor `{name}` (nor the fused `{fused}`)")
+    where = "self_attn" if attn else "mlp"
+    rows = [int(graph.params[f"{prefix}.{where}.{part}_proj.weight"].shape[0]) for part in parts]
+    arr = tensors[fused]
+    if arr.ndim != 2 or arr.shape[0] != sum(rows):
+        raise UserError(
+            f"{source}: `{fused}` has shape {list(arr.shape)}, the model expects {sum(rows)} rows "
+            f"({' + '.join(map(str, rows))}: {', '.join(parts)})"
+        )
+    start = sum(rows[: parts.index(proj)])
+    return arr[start : start + rows[parts.index(proj)]]
 
 
 def _stack_experts(

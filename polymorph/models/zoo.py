@@ -150,10 +150,14 @@ def load_model(
         graph = serialize.load(path)
         verify(graph)
         return Model(name=graph.name, graph=graph, source=str(path.resolve()), seed=seed)
+    elif path.suffix == ".pt2":  # a torch.export program (polymorph/frontend/): its own dtypes unless asked
+        from polymorph.frontend import load_pt2
+
+        return load_pt2(path, dtype=dtype)
     elif _names_a_path(text) and not path.exists():
         raise UserError(
-            f"no such file or directory: {text}; MODEL is a zoo name, a Hugging Face model directory or "
-            "an IR .json file (`polymorph graph MODEL --json` writes one)"
+            f"no such file or directory: {text}; MODEL is a zoo name, a Hugging Face model directory, "
+            "an IR .json file (`polymorph graph MODEL --json` writes one) or a torch.export .pt2 file"
         )
     elif path.is_file():
         raise UserError(

@@ -247,7 +247,7 @@ def test_errors_name_the_file_and_the_fault(tmp_path: Path) -> None:
     base = {"model_type": "llama", **TINY}
     assert "not valid JSON" in _error(tmp_path, '{"model_type": "llama",')
     msg = _error(tmp_path, {**base, "model_type": "gpt2"})
-    assert "'gpt2'" in msg and "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe" in msg
+    assert "'gpt2'" in msg and "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, granite" in msg
     no_model_type = {k: v for k, v in base.items() if k != "model_type"}
     assert "`model_type` is missing" in _error(tmp_path, no_model_type)
     no_hidden = {k: v for k, v in base.items() if k != "hidden_size"}
@@ -263,20 +263,19 @@ def test_errors_name_the_file_and_the_fault(tmp_path: Path) -> None:
     assert "a JSON object" in _error(tmp_path, "[1, 2]")
     assert "multiple of num_key_value_heads" in _error(tmp_path, {**base, "num_key_value_heads": 3})
     assert "add `head_dim`" in _error(tmp_path, {**base, "num_attention_heads": 5, "num_key_value_heads": 5})
-    assert "hidden_act 'gelu'" in _error(tmp_path, {**base, "hidden_act": "gelu"})
-
-    for rope in (
-        {"rope_scaling": {"type": "yarn", "factor": 4.0}},
-        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
-        {"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}},
-    ):
-        assert "supported: default, llama3" in _error(tmp_path, {**base, **rope})
+    assert "hidden_act 'relu'" in _error(tmp_path, {**base, "hidden_act": "relu"})
+    assert "`hidden_activation`='gelu' disagrees" in _error(tmp_path, {**base, "hidden_activation": "gelu"})
+    assert "rope type 'su'" in _error(tmp_path, {**base, "rope_scaling": {"type": "su", "factor": 4.0}})
+    assert "needs `factor`" in _error(tmp_path, {**base, "rope_scaling": {"rope_type": "linear"}})
+    assert "longrope needs `short_factor`" in _error(
+        tmp_path, {**base, "rope_scaling": {"rope_type": "longrope", "long_factor": [1.0] * 4}}
+    )
     partial = {k: v for k, v in LLAMA3_SCALING.items() if k != "low_freq_factor"}
     assert "needs `low_freq_factor`" in _error(tmp_path, {**base, "rope_scaling": partial})
-    assert "rope_theta must be a positive number" in _error(tmp_path, {**base, "rope_theta": "big"})
+    assert "`rope_theta` must be a positive number" in _error(tmp_path, {**base, "rope_theta": "big"})
 
     mixtral = {**base, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
-    assert "sliding_window=4096" in _error(tmp_path, {**mixtral, "sliding_window": 4096})
+    assert "`sliding_window` must be a positive integer" in _error(tmp_path, {**mixtral, "sliding_window": 0})
     assert "exceeds the 4 experts" in _error(tmp_path, {**mixtral, "num_experts_per_tok": 5})
     no_experts = {k: v for k, v in mixtral.items() if k != "num_local_experts"}
     assert "`num_local_experts` is missing" in _error(tmp_path, no_experts)
@@ -290,7 +289,9 @@ def test_errors_name_the_file_and_the_fault(tmp_path: Path) -> None:
     assert "all-MoE" in _error(tmp_path, {**qwen, "decoder_sparse_step": 2})
     assert "all-MoE" in _error(tmp_path, {**qwen, "mlp_only_layers": [0]})
     assert "disagree" in _error(tmp_path, {**qwen, "num_local_experts": 8})
-    assert "use_sliding_window" in _error(tmp_path, {**qwen, "use_sliding_window": True})
+    assert "layer_types has 1 entries for 2 layers" in _error(
+        tmp_path, {**qwen, "layer_types": ["full_attention"]}
+    )
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
@@ -408,7 +409,6 @@ UNIMPLEMENTED = [
     ("query_pre_attn_scalar", 256, 8),  # neutral: equal to head_dim
     ("attention_multiplier", 0.015625, 8**-0.5),
     ("partial_rotary_factor", 0.5, 1.0),
-    ("hidden_activation", "gelu_pytorch_tanh", "silu"),
     ("embedding_multiplier", 12.0, 1.0),
     ("residual_multiplier", 0.22, 1.0),
     ("logits_scaling", 16.0, 1.0),
@@ -417,6 +417,7 @@ UNIMPLEMENTED = [
     ("attention_chunk_size", 8192, None),
     ("use_qk_norm", True, False),
     ("use_bidirectional_attention", True, False),
+    ("rope_local_base_freq", 10000.0, None),
 ]
 
 
@@ -435,6 +436,7 @@ def test_partial_rotary_inside_rope_parameters_and_per_layer_rope_are_refused(tm
     base = {"model_type": "llama", **TINY}
     rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
     assert "partial_rotary_factor=0.25" in _error(tmp_path, {**base, "rope_parameters": rope})
+    assert "only phi3 rotates part of the head" in _error(tmp_path, {**base, "rope_parameters": rope})
     nested = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
     assert "rope per layer type (full_attention, sliding_attention)" in _error(
@@ -457,48 +459,56 @@ def test_quantized_checkpoints_are_refused_by_name(tmp_path: Path, quant: dict[s
     assert f"`quantization_config` (quant_method {quant['quant_method']!r})" in msg and "unquantized" in msg
 
 
-def test_sliding_windows_are_refused_until_windowed_attention_exists(tmp_path: Path) -> None:
+def test_sliding_windows_per_layer(tmp_path: Path) -> None:
+    """Which layers attend through a window, as each family's transformers classes decide it."""
     mistral = {"model_type": "mistral", **TINY}
-    msg = _error(tmp_path, {**mistral, "sliding_window": 4096})
-    assert "sliding_window=4096" in msg and "no windowed attention yet" in msg
-    # absent: transformers' MistralConfig default, 4096, applies
-    assert "absent from config.json" in _error(tmp_path, mistral)
-    assert ModelConfig.from_hf({**mistral, "sliding_window": None}, "x").model_type == "mistral"
+    assert [ModelConfig.from_hf(mistral, "x").layer_window(i) for i in range(2)] == [4096, 4096]  # default
+    assert ModelConfig.from_hf({**mistral, "sliding_window": 7}, "x").layer_window(1) == 7
+    assert ModelConfig.from_hf({**mistral, "sliding_window": None}, "x").layer_window(0) == 0
     assert "sliding_window=4096" in _error(
         tmp_path, {**mistral, "model_type": "llama", "sliding_window": 4096}
     )
 
     qwen2 = {"model_type": "qwen2", **TINY, "sliding_window": 4096}
-    ModelConfig.from_hf(qwen2, "off")  # use_sliding_window false (the default): full attention
-    ModelConfig.from_hf({**qwen2, "use_sliding_window": True, "max_window_layers": 2}, "no layer reaches it")
-    ModelConfig.from_hf({**qwen2, "use_sliding_window": True, "sliding_window": None}, "no window")
-    msg = _error(tmp_path, {**qwen2, "use_sliding_window": True, "max_window_layers": 1})
-    assert "use_sliding_window=true" in msg and "no windowed attention yet" in msg
-    qwen3 = {**qwen2, "model_type": "qwen3", "use_sliding_window": True}
-    ModelConfig.from_hf(qwen3, "max_window_layers 28 (the default) >= 2 layers")
-    assert "use_sliding_window=true" in _error(tmp_path, {**qwen3, "max_window_layers": 0})
-    moe = {**qwen3, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+    assert ModelConfig.from_hf(qwen2, "off").sliding_window is None  # use_sliding_window false (default)
+    on = {**qwen2, "use_sliding_window": True}
+    assert ModelConfig.from_hf({**on, "max_window_layers": 2}, "no layer reaches it").sliding_window is None
+    cfg = ModelConfig.from_hf({**on, "max_window_layers": 1}, "x")
+    assert (cfg.layer_window(0), cfg.layer_window(1)) == (0, 4096)
+    types = ["sliding_attention", "full_attention"]
+    cfg = ModelConfig.from_hf({**on, "layer_types": types}, "x")
+    assert (cfg.layer_window(0), cfg.layer_window(1)) == (4096, 0)
+    moe = {**on, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
            "moe_intermediate_size": 16}  # fmt: skip
-    assert "use_sliding_window=true" in _error(tmp_path, moe)  # Qwen3-MoE windows every layer
-    full = ["full_attention", "full_attention"]
-    ModelConfig.from_hf({**qwen2, "layer_types": full}, "all full")
-    msg = _error(tmp_path, {**qwen2, "layer_types": ["full_attention", "sliding_attention"]})
-    assert "layer_types makes 1 of 2 layers sliding_attention (first: layer 1)" in msg
+    assert ModelConfig.from_hf(moe, "x").layer_types == ("sliding_attention",) * 2  # every layer
+
+    gemma = {"model_type": "gemma3_text", **TINY, "num_hidden_layers": 7, "sliding_window": 5}
+    assert [ModelConfig.from_hf(gemma, "x").layer_window(i) for i in range(7)] == [5] * 5 + [0, 5]
+    pattern = ModelConfig.from_hf({**gemma, "sliding_window_pattern": 3}, "x")
+    assert [pattern.layer_window(i) for i in range(7)] == [5, 5, 0, 5, 5, 0, 5]
+    gemma2 = ModelConfig.from_hf({**gemma, "model_type": "gemma2"}, "x")
+    assert [gemma2.layer_window(i) for i in range(3)] == [5, 0, 5]
 
 
-def test_qwen_sliding_window_rules_match_transformers() -> None:
-    """Where polymorph accepts a Qwen config with a sliding_window, transformers gives every layer full
-    attention; where transformers windows a layer, polymorph refuses."""
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("pattern", [0, 1, 2], ids=["sliding-first", "full-first", "none-given"])
+def test_layer_windows_match_transformers(family: str, pattern: int) -> None:
+    """The window of every layer, against the config object transformers builds (layer_types given
+    two ways, or left to the family's default)."""
     transformers = pytest.importorskip("transformers")
-    for use, first in ((False, 0), (True, 2), (True, 1), (True, 0)):
-        hf = transformers.Qwen2Config(
-            **TINY, use_sliding_window=use, sliding_window=16, max_window_layers=first
-        )
-        windowed = hf.sliding_window is not None and "sliding_attention" in hf.layer_types
-        d = {"model_type": "qwen2", **TINY, "use_sliding_window": use, "sliding_window": 16,
-             "max_window_layers": first}  # fmt: skip
-        if windowed:
-            with pytest.raises(UserError, match="use_sliding_window=true"):
-                ModelConfig.from_hf(d, "x")
+
+    layers = 4
+    kinds = ("sliding_attention", "full_attention")
+    kw: dict[str, Any] = {**TINY, "num_hidden_layers": layers, "sliding_window": 6}
+    if pattern < 2 and family in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
+        kw["layer_types"] = [kinds[(i + pattern) % 2] for i in range(layers)]
+    if family in ("qwen2", "qwen3"):
+        kw.update(use_sliding_window=True, max_window_layers=1)
+    hf = transformers.AutoConfig.for_model(family, **kw)
+    cfg = ModelConfig.from_hf(hf.to_dict(), "hf")
+    for i in range(layers):
+        if family in ("mistral", "phi3"):
+            want = hf.sliding_window
         else:
-            ModelConfig.from_hf(d, "x")
+            want = hf.sliding_window if hf.layer_types[i] == "sliding_attention" else 0
+        assert cfg.layer_window(i) == (want or 0), (family, i)
