@@ -20,6 +20,7 @@ TORCH_DTYPE = {
     DType.I32: torch.int32,
     DType.I64: torch.int64,
     DType.BOOL: torch.bool,
+    DType.C64: torch.complex64,
 }
 IR_DTYPE = {t: d for d, t in TORCH_DTYPE.items()}
 _BITS = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.int16)}
@@ -27,7 +28,7 @@ _BITS = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.int16)}
 
 def to_torch(arr: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
     dtype = DType.of(arr)
-    arr = np.ascontiguousarray(arr)
+    arr = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes a 0-d array 1-d
     if dtype in (DType.BF16, DType.F8E4M3, DType.F8E5M2):
         np_bits, torch_bits = _BITS[dtype.itemsize]
         bits = torch.from_numpy(arr.view(np_bits).astype(np_bits, copy=True))

@@ -99,6 +99,61 @@ def gemv_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
 
 
 @triton.jit
+def gemv_tile_prefetch(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, HINT: tl.constexpr, GDC: tl.constexpr):  # fmt: skip
+    """gemv_tile with its first K chunk of W (and of w_norm) loaded before the wait for the previous
+    kernel (GDC: griddepcontrol.wait, then launch_dependents): weights are never written during a
+    step, so under PDL their first loads overlap the tail of the kernel before; x, which that kernel
+    wrote, is read only after the wait. The config key `gemv_prefetch` picks it (`launch_plan`);
+    without GDC it is the same loop with the first chunk peeled, so the interpreter checks its
+    numerics."""
+    offs_k = tl.arange(0, BLOCK_K)
+    wp = w_rows[:, None] + offs_k[None, :]  # [BLOCK_N, BLOCK_K]: the first chunk
+    if HINT:
+        wp = tl.multiple_of(wp, [16, 16])
+    if EVEN_K:
+        w = tl.load(wp)
+    else:
+        w = tl.load(wp, mask=(offs_k < K)[None, :], other=0.0)
+    if NORM:  # w_norm is a weight too (without NORM wn_ptr may point at x: not read before the wait)
+        wn = tl.load(wn_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    if GDC:  # every program, before its first read of x (_pdl.py)
+        gdc_wait()
+        gdc_launch_dependents()
+    xp = x_rows[:, None] + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    if HINT:
+        xp = tl.multiple_of(xp, [16, 16])
+    if EVEN_K:
+        x = tl.load(xp).to(tl.float32)
+    else:
+        x = tl.load(xp, mask=(offs_k < K)[None, :], other=0.0).to(tl.float32)
+    sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    if NORM:
+        sq += x * x
+        x = x * wn[None, :]
+    acc = x[:, None, :] * w.to(tl.float32)[None, :, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + offs_k
+        wp = w_rows[:, None] + ks[None, :]
+        xp = x_rows[:, None] + ks[None, :]
+        if HINT:
+            wp = tl.multiple_of(wp, [16, 16])
+            xp = tl.multiple_of(xp, [16, 16])
+        if EVEN_K:
+            w = tl.load(wp)
+            x = tl.load(xp).to(tl.float32)
+        else:
+            w = tl.load(wp, mask=(ks < K)[None, :], other=0.0)
+            x = tl.load(xp, mask=(ks < K)[None, :], other=0.0).to(tl.float32)
+        if NORM:
+            sq += x * x
+            x = x * tl.load(wn_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    return tl.sum(acc, axis=2), tl.sum(sq, axis=1)
+
+
+@triton.jit
 def gemm_tile(x_rows, wn_ptr, w_rows, K: tl.constexpr, NORM: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
@@ -224,7 +279,9 @@ def launch_plan(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tile constexprs, launch options) for a launch of M rows: the one source for build and AOT.
     USE_GDC with the tiles: the kernel waits for its predecessor (PDL) where the launch options take
-    launch_pdl."""
+    launch_pdl. PREFETCH: the GEMV path runs gemv_tile_prefetch (config key `gemv_prefetch`, default
+    off), where the tile, not the kernel's prologue, waits."""
     cfg = skinny(config, m, traits)
     t = tiles(k, m, cfg, elem, traits.warp_size)
-    return {**t, "USE_GDC": gdc(traits)}, options(cfg, t["USE_DOT"], traits)
+    prefetch = bool(config.get("gemv_prefetch")) and not t["USE_DOT"]
+    return {**t, "PREFETCH": prefetch, "USE_GDC": gdc(traits)}, options(cfg, t["USE_DOT"], traits)

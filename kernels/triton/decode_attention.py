@@ -37,8 +37,17 @@ sequence; concrete heads, kv heads and block size; head dim a power of two in [1
 
 Config keys: block_n (cache tokens per step of a split), one_block_n (the largest tile of the one-token
 kernel, block_n where absent), min_split_tokens (the shortest split; the smallest one-token tile),
-ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages; the arch's
-launch options (waves_per_eu) where it takes them.
+ctas_per_cu (programs aimed at per SM/CU when choosing splits), num_warps, num_stages, `one_kernel`
+(default on: S = 1 takes the one-token kernel; off: the split kernel, as at S > 1); the arch's launch
+options (waves_per_eu) where it takes them.
+
+Sliding window and soft-capping (the op's `window` and `softcap` attrs; 0: none). Under a window the
+query at p sees p - window < t <= p, and the splits start at the cache block holding the earliest
+row's first visible key, so no block wholly outside the window is read; at S = 1 they are sized for
+window + BS - 1 tokens instead of the table (`_span`), so a long context with a short window launches
+only the programs its window needs. Slots before the window within its first block are masked out of
+the loads too. Softcap: scores = softcap * tanh(q.k * scale / softcap) after the scale and before the
+mask, tanh from exp2 (no overflow, on every backend).
 """
 
 from __future__ import annotations
@@ -100,6 +109,25 @@ def configs(traits: Any) -> list[dict[str, Any]]:
     return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits)
 
 
+# A power of two >= MAX_SEQ: the reduce loads one sequence's positions (a constexpr for @jit code).
+_SEQ_P2 = tl.constexpr(4)
+
+
+@triton.jit
+def _window_base(pos, WINDOW: tl.constexpr, BS: tl.constexpr):
+    """The first token of the cache block holding position pos's first visible key under a window
+    (callers without a window start at 0 and never call this, so their loads wait on no position)."""
+    return (tl.maximum(pos - WINDOW + 1, 0) // BS) * BS
+
+
+@triton.jit
+def _softcap(qk, CAP_IN: tl.constexpr, CAP_OUT: tl.constexpr):
+    """CAP_OUT * tanh(qk * CAP_IN) as CAP_OUT - 2 CAP_OUT / (exp(2 qk CAP_IN) + 1): exp2 on every backend,
+    +-CAP_OUT where exp2 over- or underflows, an absolute error near 0 of a few f32 ulps of CAP_OUT,
+    and few live values (the one-token tile spilled on sm_100 with a longer form)."""
+    return CAP_OUT - (2.0 * CAP_OUT) / (tl.exp2(qk * (2.8853900817779268 * CAP_IN)) + 1.0)
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr,  # [B, S, H, D]
@@ -124,6 +152,9 @@ def _decode_split_kernel(
     ROWS: tl.constexpr,  # S * H / HKV query rows, padded to a power of two >= 16
     IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
     USE_GDC: tl.constexpr,  # launched with PDL: wait for the previous kernel before reading q or the cache
+    WINDOW: tl.constexpr = 0,  # > 0: token p sees p - WINDOW < t <= p; splits start at the window's block
+    SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
+    CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP (raw q.k to tanh's argument)
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -139,7 +170,14 @@ def _decode_split_kernel(
     h = g * REP + r % REP  # [ROWS] query head of the row
     pos = tl.load(pos_ptr + b * S + s, mask=row_ok, other=-1).to(tl.int32)  # [ROWS]
     n_tok = tl.minimum(tl.max(pos, axis=0) + 1, CTX_BLOCKS * BS)  # tokens this group's rows may see
+    # splits cover the blocks from the one holding the earliest row's first visible token (0 without
+    # a window), so no block wholly before every row's window is read (_window_base)
     start = sp * SPLIT_TOKENS
+    lo = 0  # no row sees a key before lo
+    if WINDOW > 0:
+        first = tl.min(tl.where(row_ok, pos, 2**30), axis=0)  # the earliest row's position
+        start += _window_base(first, WINDOW, BS)
+        lo = tl.maximum(first - WINDOW + 1, 0)
     if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
         if start >= n_tok:  # past the end of this sequence: nothing to contribute
             return
@@ -156,6 +194,8 @@ def _decode_split_kernel(
     for t0 in range(start, end, BLOCK_N):
         t = t0 + n  # [BLOCK_N] logical token
         t_ok = t < end
+        if WINDOW > 0:  # a slot before every row's window is never read (it may hold NaN)
+            t_ok = t_ok & (t >= lo)
         blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=t_ok, other=0)
         kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
         k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)  # [BLOCK_N, D]
@@ -166,7 +206,13 @@ def _decode_split_kernel(
         else:
             qk = tl.dot(q, tl.trans(k))
         visible = t_ok[None, :] & (t[None, :] <= pos[:, None])  # [ROWS, BLOCK_N]
-        qk = tl.where(visible, qk * SCALE, float("-inf"))
+        if WINDOW > 0:
+            visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+        if SOFTCAP > 0:
+            qk = _softcap(qk, CAP_IN, SOFTCAP * 1.4426950408889634)  # log2 domain, as SCALE is
+        else:
+            qk = qk * SCALE
+        qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         p = tl.exp2(qk - m_safe[:, None])
@@ -218,6 +264,9 @@ def _decode_one_kernel(
     ROWS: tl.constexpr,  # H / HKV query rows, padded to a power of two >= 16
     IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
     USE_GDC: tl.constexpr,  # launched with PDL: wait for the previous kernel before reading q or the cache
+    WINDOW: tl.constexpr = 0,  # > 0: the query at p sees p - WINDOW < t <= p; splits start at its block
+    SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
+    CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP
 ):
     """Split-K over the context for one query token per sequence: grid (kv_heads, splits, batch). The
     tile loop has a static trip count (SPLIT_TOKENS / BLOCK_N), so the table and cache loads of a split
@@ -238,6 +287,8 @@ def _decode_one_kernel(
     pos = tl.load(pos_ptr + b).to(tl.int32)
     n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)  # tokens this sequence's query sees
     start = sp * SPLIT_TOKENS
+    if WINDOW > 0:  # from the window's first block
+        start += _window_base(pos, WINDOW, BS)
     if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
         if start >= n_tok:  # past the end of this sequence: the reduce reads no partial of it
             return
@@ -253,6 +304,8 @@ def _decode_one_kernel(
         in_table = t < CTX_BLOCKS * BS
         blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=in_table, other=0)
         seen = in_table & (t < n_tok)  # [BLOCK_N] a slot past the end is never read (it may hold NaN)
+        if WINDOW > 0:  # nor one before the window (the split starts at its block, not at its token)
+            seen = seen & (t > pos - WINDOW)
         kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
         k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
         v = tl.load(v_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
@@ -262,7 +315,11 @@ def _decode_one_kernel(
             qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
         else:
             qk = tl.dot(q, tl.trans(k))
-        qk = tl.where(seen[None, :], qk * SCALE, float("-inf"))
+        if SOFTCAP > 0:
+            qk = _softcap(qk, CAP_IN, SOFTCAP * 1.4426950408889634)  # log2 domain, as SCALE is
+        else:
+            qk = qk * SCALE
+        qk = tl.where(seen[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with nothing visible
         p = tl.exp2(qk - m_safe[:, None])
@@ -305,6 +362,8 @@ def _decode_reduce_kernel(
     SPLITS_P2: tl.constexpr,
     SPLIT_TOKENS: tl.constexpr,
     USE_GDC: tl.constexpr,  # launched with PDL: wait for the split kernel before reading its partials
+    S: tl.constexpr = 1,  # query tokens per sequence
+    WINDOW: tl.constexpr = 0,
 ):
     row = tl.program_id(0)  # (b * S + s) * H + h
     if USE_GDC:
@@ -312,7 +371,12 @@ def _decode_reduce_kernel(
         _g.gdc_launch_dependents()
     pos = tl.load(pos_ptr + row // H).to(tl.int32)
     n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)
-    n_valid = (n_tok + SPLIT_TOKENS - 1) // SPLIT_TOKENS  # splits that saw a token of this row
+    base = 0
+    if WINDOW > 0:  # the split kernel's first block: from the earliest position of the sequence's rows
+        first = tl.load(pos_ptr + (row // H // S) * S + tl.arange(0, _SEQ_P2), mask=tl.arange(0, _SEQ_P2) < S,
+                        other=2**30)  # fmt: skip
+        base = _window_base(tl.min(first.to(tl.int32), axis=0), WINDOW, BS)
+    n_valid = (n_tok - base + SPLIT_TOKENS - 1) // SPLIT_TOKENS  # splits that saw a token of this row
     j = tl.arange(0, SPLITS_P2)
     ok = j < n_valid
     part = row.to(tl.int64) * NUM_SPLITS + j
@@ -409,14 +473,20 @@ def _params(
     dtype: str,
     config: dict[str, Any],
     traits: Any,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The split (S = 1: one-token) and reduce kernels' constexprs for one concrete shape."""
+    """The split (S = 1: one-token, unless the config's `one_kernel` is off) and reduce kernels'
+    constexprs for one concrete shape."""
     gdc = _g.enabled(traits)
-    plan = _one_plan if s == 1 else _split_plan
-    splits, split_tokens, block_n = plan(batch, hkv, ctx_blocks * bs, config, traits.units)
+    one = s == 1 and config.get("one_kernel", True)
+    plan = _one_plan if one else _split_plan
+    splits, split_tokens, block_n = plan(
+        batch, hkv, _span(s, ctx_blocks * bs, bs, window), config, traits.units
+    )
     split = {
         "SCALE": float(scale) * _LOG2E,
-        **({} if s == 1 else {"S": s}),
+        **({} if one else {"S": s}),
         "H": h,
         "HKV": hkv,
         "D": d,
@@ -428,6 +498,9 @@ def _params(
         "ROWS": max(16, triton.next_power_of_2(s * (h // hkv))),
         "IEEE": dtype == "f32",
         "USE_GDC": gdc,
+        "WINDOW": int(window),
+        "SOFTCAP": float(softcap),
+        "CAP_IN": float(scale) / float(softcap) if softcap else 1.0,
     }
     reduce = {
         "H": h,
@@ -438,8 +511,24 @@ def _params(
         "SPLITS_P2": triton.next_power_of_2(splits),
         "SPLIT_TOKENS": split_tokens,
         "USE_GDC": gdc,
+        "S": s,
+        "WINDOW": int(window),
     }
     return split, reduce
+
+
+def _span(s: int, ctx_tokens: int, bs: int, window: int) -> int:
+    """Cache tokens the splits of one sequence must cover: the table's, or under a window at S = 1 the
+    window from the start of the block holding its first key (window + bs - 1 at most); at S > 1 the
+    table's (rows need not be consecutive), starting at the earliest row's window block."""
+    if not window or s > 1:
+        return ctx_tokens
+    return min(ctx_tokens, window + bs - 1)
+
+
+def _window_softcap(spec: Any) -> tuple[int, float]:
+    attrs = spec.attrs()
+    return int(attrs.get("window", 0) or 0), float(attrs.get("softcap", 0.0) or 0.0)
 
 
 def _split_kernel(split: dict[str, Any]) -> Any:
@@ -478,6 +567,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     _, s, h, d = q_t.shape
     _, bs, hkv, _ = kc_t.shape
     dtype = str(q_t.dtype)
+    window, softcap = _window_softcap(spec)
     cache: dict[
         tuple[int, int], tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
     ] = {}
@@ -491,7 +581,9 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
             return
         key = (batch, ctx_blocks)
         if key not in cache:
-            split, reduce = _params(s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, traits)
+            split, reduce = _params(
+                s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, traits, window, softcap
+            )
             cache[key] = (
                 _split_kernel(split), split, _options(config, traits, split), reduce,
                 _reduce_options(reduce, traits),
@@ -530,7 +622,10 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
             f"{table_t} (specialize the graph to a traffic bucket first)"
         )
     dtype = str(q_t.dtype)
-    split, reduce = _params(s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits)
+    window, softcap = _window_softcap(spec)
+    split, reduce = _params(
+        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits, window, softcap
+    )
     data, table, pos = (
         "*" + _TRITON_DTYPE[dtype],
         "*" + _TRITON_DTYPE[str(table_t.dtype)],
@@ -576,14 +671,22 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
 
 
 def occupancy(
-    batch: int, hkv: int, ctx_tokens: int, config: dict[str, Any], traits: Any, seq: int = 1
+    batch: int,
+    hkv: int,
+    ctx_tokens: int,
+    config: dict[str, Any],
+    traits: Any,
+    seq: int = 1,
+    window: int = 0,
+    block_size: int = 16,
 ) -> dict[str, Any]:
     """How the split heuristic fills the chip `traits` describes at one shape, `seq` query tokens per
     sequence (for reports and the tuner's notes); `traits.units` is the smallest chip of its arch
     (traits_for)."""
     units = traits.units
-    plan = _one_plan if seq == 1 else _split_plan
-    splits, split_tokens, block_n = plan(batch, hkv, ctx_tokens, config, units)
+    plan = _one_plan if seq == 1 and config.get("one_kernel", True) else _split_plan
+    span = _span(seq, ctx_tokens, block_size, window)
+    splits, split_tokens, block_n = plan(batch, hkv, span, config, units)
     ctas = batch * hkv * splits
     return {
         "splits": splits,

@@ -1,7 +1,11 @@
-"""Elementwise ops and small reductions: silu, gelu (erf or tanh), mul, add, softmax, argmax, cast.
+"""Elementwise ops and small reductions: silu, gelu (erf or tanh), scale, softcap, mul, add, softmax,
+argmax, cast.
 
 Every op computes in fp32 and rounds once to its output dtype, as the reference does.
-- silu, gelu, cast: flat over the elements, `block` a program.
+- silu, gelu, scale, softcap, cast: flat over the elements, `block` a program. scale multiplies by its
+  factor as an fp32 argument (rounded to x's dtype on the host first under round_factor_to_dtype);
+  softcap is cap * tanh(x / cap), tanh by its odd Taylor series below |u| = 1/8 (where 1 - 2 / (exp(2u)
+  + 1) would cancel) and by that saturating form above.
 - mul, add: flat over the output; operands broadcast numpy-style (rank <= 4): each operand's element
   offset comes from the output index and its broadcast strides (0 along a broadcast dim), computed on
   the host from the actual shapes at launch; an operand with the output's own shape skips the math.
@@ -20,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import triton
 import triton.language as tl
 
 from polymorph.pipeline.kernel_files import depend
 
-IMPLEMENTS = ("silu", "gelu", "mul", "add", "softmax", "argmax", "cast")
+IMPLEMENTS = ("silu", "gelu", "scale", "softcap", "mul", "add", "softmax", "argmax", "cast")
 
 CONFIGS = [
     {"block": 1024, "block_l": 1024, "block_inner": 1, "num_warps": 4},
@@ -40,7 +45,7 @@ configs = _t.configs_by_target(CONFIGS)
 
 _FLOATS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 _TYPES = {**_FLOATS, "i32": "i32"}
-_UNARY = {"silu": 0, "gelu": 1}
+_UNARY = {"silu": 0, "gelu": 1, "scale": 2, "softcap": 3}
 _BINARY = {"mul": 0, "add": 1}
 
 # Rounding as compiled code rounds, under Triton's interpreter too (see _interpreter.py).
@@ -48,13 +53,23 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _to = _i.round_to
 
 
-@triton.jit(do_not_specialize=["N"])
-def _unary(x_ptr, y_ptr, N, OP: tl.constexpr, TANH: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "c"])
+def _unary(x_ptr, y_ptr, N, c, OP: tl.constexpr, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    # c: scale's factor, softcap's cap (unused by silu and gelu)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if OP == 0:  # silu
         y = x / (1.0 + tl.exp(-x))
+    elif OP == 2:  # scale
+        y = x * c
+    elif OP == 3:  # softcap
+        u = x / c
+        u2 = u * u
+        series = u * (
+            1.0 + u2 * (-0.3333333333333333 + u2 * (0.13333333333333333 + u2 * -0.05396825396825397))
+        )
+        y = c * tl.where(tl.abs(u) < 0.125, series, 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
     elif TANH:  # gelu, tanh approximation; tanh(u) = 1 - 2 / (exp(2u) + 1) saturates cleanly
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         y = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
@@ -192,6 +207,17 @@ def _strides(t: Any, shape: tuple[int, ...]) -> tuple[bool, list[int]]:
     return False, [0] * (4 - len(strides)) + strides
 
 
+def unary_constant(op: str, attrs: dict[str, Any], x_dtype: Any) -> float:
+    """The fp32 constant of a unary op: scale's factor (rounded to x's dtype first if asked, from fp32
+    as the reference rounds it), softcap's cap; 0 for the others."""
+    if op == "scale":
+        factor = np.float32(attrs["factor"])
+        if attrs["round_factor_to_dtype"]:
+            factor = np.float32(np.asarray(factor).astype(x_dtype.numpy))
+        return float(factor)
+    return float(attrs["cap"]) if op == "softcap" else 0.0
+
+
 def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     node = spec.single
     args = spec.args(node)
@@ -199,6 +225,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     op = node.op
     opts = _t.launch_options(config, traits)
     block = config["block"]
+    c = unary_constant(op, attrs, spec.types[node.inputs[0]].dtype)
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         y = outputs[0]
@@ -212,7 +239,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
                 _cast[grid](x, y, n, BLOCK=block, **opts)
             else:
                 _unary[grid](
-                    x, y, n, OP=_UNARY[op], TANH=attrs.get("approximate") == "tanh", BLOCK=block, **opts
+                    x, y, n, c, OP=_UNARY[op], TANH=attrs.get("approximate") == "tanh", BLOCK=block, **opts
                 )
         elif op in _BINARY:
             n = y.numel()
@@ -254,7 +281,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         return [CompileUnit("cast", _cast, sig, consts, opts)]
     if node.op in _UNARY:
         consts = {"OP": _UNARY[node.op], "TANH": attrs.get("approximate") == "tanh", "BLOCK": block}
-        sig = {"x_ptr": x_ptr, "y_ptr": y_ptr, "N": "i32", **dict.fromkeys(consts, "constexpr")}
+        sig = {"x_ptr": x_ptr, "y_ptr": y_ptr, "N": "i32", "c": "fp32", **dict.fromkeys(consts, "constexpr")}
         return [CompileUnit(node.op, _unary, sig, consts, opts)]
     if node.op in _BINARY:
         a_t, b_t = (spec.types[v] for v in node.inputs)

@@ -91,7 +91,7 @@ _i = depend("triton/_interpreter.py", "5c1ce4224182c59671a20d9fe3b1ed654b49f428d
 _to = _i.round_to
 # The M thresholds, the narrow tiles for 2 < M <= 64 and the launch options the projection files share
 # (this file's GEMV splits K, so that tile is its own; its GEMM orders the tiles in groups along M).
-_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
+_p = depend("triton/_projection.py", "f1c538360559b1c984c3825d678bd34fba79798a6e93c2b508f82df2d975d001")
 GEMV_MAX_M, GEMV_TILE_REGS = _p.GEMV_MAX_M, _p.GEMV_TILE_REGS
 _gemm_tile = _p.gemm_tile  # the tl.dot K loop; the grouped tile order around it is this file's
 

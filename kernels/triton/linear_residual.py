@@ -6,7 +6,8 @@ chunks of gemv_block_k with 16-byte loads, products reduced once after the loop;
 the Llama-3.2-1B down_proj, the default launches 1024 programs), tl.dot tiles above it. The projection
 is rounded to the output dtype before the add, as the unfused graph stores it.
 
-Config keys: gemv_block_n, gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k, num_warps,
+Config keys: gemv_block_n, gemv_block_k, gemv_warps, gemv_prefetch (GEMV; `gemv_prefetch`: the first K
+chunk of the weights loaded before the PDL wait, _projection.gemv_tile_prefetch); block_m, block_n, block_k, num_warps,
 num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; x, w, bias, residual and out of one float dtype (bf16, f16,
@@ -28,7 +29,7 @@ IMPLEMENTS = "linear+residual"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
+_p = depend("triton/_projection.py", "f1c538360559b1c984c3825d678bd34fba79798a6e93c2b508f82df2d975d001")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16): o_proj (2048 x 2048) 4.6-4.8 us with 2 rows x 2048 of K, 4 warps;
@@ -48,6 +49,12 @@ _WARP32_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    # Weight loads of the first K chunk issued before the PDL wait (gemv_prefetch, _projection.py): not
+    # yet measured in a whole step; in a chain of 2048 x 2048 GEMVs on an H200 it was 3.71 against 3.88 us
+    # a kernel, in a chain of MLP-sized ones 10.8 against 9.4 (bench/h200_decode_kernels_results.json).
+    {"gemv_block_n": 2, "gemv_block_k": 2048, "gemv_warps": 4, "gemv_prefetch": True,
+     "skinny_block_n": 16, "skinny_block_k": 256, "skinny_warps": 4, "skinny_stages": 3,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 CONFIGS = _WARP32_CONFIGS
 
@@ -63,8 +70,11 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 def _linear_residual(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M,
                      N: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, RES_ROWS: tl.constexpr,
                      USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
-    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr, PREFETCH: tl.constexpr,
+                     USE_GDC: tl.constexpr):  # fmt: skip
+    # launched with PDL: every program waits for the previous kernel before any read (_pdl.py); with
+    # PREFETCH the GEMV tile waits instead, after its first weight loads
+    if USE_GDC and not PREFETCH:
         _p.gdc_wait()
         _p.gdc_launch_dependents()
     # x: [M, K], w: [N, K], residual: [M, N] (RES_ROWS) or [N], y: [M, N]
@@ -76,6 +86,9 @@ def _linear_residual(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M,
     x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
         acc, ss = _gemm_tile(x_rows, x_ptr, w_rows, K, False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    elif PREFETCH:
+        acc, ss = _p.gemv_tile_prefetch(x_rows, x_ptr, w_rows, K, False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                        HINT, USE_GDC)  # fmt: skip
     else:
         acc, ss = _gemv_tile(x_rows, x_ptr, w_rows, K, False, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     if HAS_BIAS:

@@ -19,6 +19,12 @@ dtype (f32, bf16, f16); concrete heads and kv heads; head dim a power of two in 
 cache_attention also: block table and positions i32 or i64, a concrete block size, and S > 4 query
 tokens (or a symbolic S, which is prefill's; decode_attention.py takes S <= 4).
 
+Sliding window and soft-capping (the op's `window` and `softcap` attrs; 0: none; a window is causal):
+under a window a tile's keys are [first, hi), first the earliest row's first visible key: keys before
+it (whole cache blocks included) are never read; the keys every row sees run unmasked, the window's
+head and the causal tail masked. Softcap: scores = softcap * tanh(q.k * scale / softcap) after the
+scale and before the mask.
+
 Config keys: block_m (queries per program), block_n (keys per step), num_warps, num_stages; the
 arch's launch options (waves_per_eu) where it takes them.
 """
@@ -86,6 +92,13 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 
 
 @triton.jit
+def _softcap(qk, CAP_IN: tl.constexpr, CAP_OUT: tl.constexpr):
+    """CAP_OUT * tanh(qk * CAP_IN) as CAP_OUT - 2 CAP_OUT / (exp(2 qk CAP_IN) + 1), as in
+    decode_attention.py (exp2 on every backend, +-CAP_OUT where it over- or underflows)."""
+    return CAP_OUT - (2.0 * CAP_OUT) / (tl.exp2(qk * (2.8853900817779268 * CAP_IN)) + 1.0)
+
+
+@triton.jit
 def _flash_attention_kernel(
     q_ptr,  # [B, S, H, D]
     k_ptr,  # paged: [cache_blocks, BS, HKV, D]; plain: [B, T, HKV, D]
@@ -106,6 +119,9 @@ def _flash_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,  # f32 inputs: full-precision dots, not tf32
+    WINDOW: tl.constexpr = 0,  # > 0: the query at p sees p - WINDOW < t <= p (causal)
+    SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
+    CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP
 ):
     bh = tl.program_id(0)
     mt = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -121,9 +137,21 @@ def _flash_attention_kernel(
         pos = tl.where(s_ok, s, -1)
     else:
         pos = tl.where(s_ok, T - 1, -1)
-    hi = tl.minimum(tl.max(pos, axis=0) + 1, T)  # keys the tile's last row sees
-    lo = tl.minimum(tl.min(tl.where(s_ok, pos, T), axis=0) + 1, hi)  # keys every row sees
+    p_max = tl.max(pos, axis=0)
+    p_min = tl.min(tl.where(s_ok, pos, T), axis=0)
+    hi = tl.minimum(p_max + 1, T)  # keys the tile's last row sees
+    lo = tl.minimum(p_min + 1, hi)  # keys every row sees (causally)
     lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
+    # Under a window the earliest row sees keys from `first` on and every row from `every` on: keys
+    # before `first` (whole cache blocks included) are never read; [first, mid) runs masked. Without
+    # one both are 0 and the head phase is empty.
+    first = p_min * 0
+    every = p_min * 0
+    if WINDOW > 0:
+        first = tl.maximum(p_min - WINDOW + 1, 0)
+        every = tl.maximum(p_max - WINDOW + 1, 0)
+    mid = tl.minimum((every + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
+    tail = tl.maximum(mid, lo)
 
     d = tl.arange(0, D)
     q_rows = (b * S + s).to(tl.int64) * H + h
@@ -135,14 +163,18 @@ def _flash_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    # phase 0: keys [0, lo), visible to every row, no mask; phase 1: keys [lo, hi), masked
-    for phase in tl.static_range(2):
+    # phase 0: keys [mid, tail), visible to every row, no mask; phase 1: keys [tail, hi), masked;
+    # phase 2 (a window only): keys [first, mid), masked
+    for phase in tl.static_range(2 + (WINDOW > 0)):
         if phase == 0:
-            t_begin = 0
-            t_end = lo
-        else:
-            t_begin = lo
+            t_begin = mid
+            t_end = tail
+        elif phase == 1:
+            t_begin = tail
             t_end = hi
+        else:
+            t_begin = first
+            t_end = mid
         for t0 in range(t_begin, t_end, BLOCK_N):
             t = t0 + n  # [BLOCK_N] logical key tokens
             t_ok = t < t_end
@@ -166,11 +198,15 @@ def _flash_attention_kernel(
                 qk = tl.dot(q, tl.trans(k).to(tl.float32))
             else:
                 qk = tl.dot(q, tl.trans(k))
-            if phase == 0:
-                qk = qk * SCALE
+            if SOFTCAP > 0:
+                qk = _softcap(qk, CAP_IN, SOFTCAP * 1.4426950408889634)  # log2 domain, as SCALE is
             else:
+                qk = qk * SCALE
+            if phase > 0:
                 visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
-                qk = tl.where(visible, qk * SCALE, float("-inf"))
+                if WINDOW > 0:
+                    visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+                qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
             p = tl.exp2(qk - m_safe[:, None])
@@ -265,8 +301,12 @@ def _constexprs(
     dtype: str,
     config: dict[str, Any],
     traits: Any,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> dict[str, Any]:
     block_m, block_n = _tiles(config, s, d, dtype, traits)
+    if window:  # the window's third (masked head) loop holds more live values: 64-key tiles (sm_90
+        block_n = min(block_n, 64)  # spilled 12-24 bytes at 64 x 128 on a 2k prompt, none at 64 x 64)
     paged = op == "cache_attention"
     return {
         "SCALE": float(scale) * _LOG2E,
@@ -282,6 +322,9 @@ def _constexprs(
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
         "IEEE": dtype == "f32",
+        "WINDOW": int(window),
+        "SOFTCAP": float(softcap),
+        "CAP_IN": float(scale) / float(softcap) if softcap else 1.0,
     }
 
 
@@ -299,6 +342,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     attrs = spec.attrs()
     op, scale = node.op, attrs["scale"]
     causal = bool(attrs.get("causal", True))
+    window, softcap = int(attrs.get("window", 0) or 0), float(attrs.get("softcap", 0.0) or 0.0)
     q_t, k_t = spec.types[node.inputs[0]], spec.types[node.inputs[1]]
     h, d = q_t.shape[2], q_t.shape[3]
     hkv = k_t.shape[2]
@@ -321,7 +365,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
         key = (s, t, ctx_blocks)
         if key not in cache:
             cache[key] = _constexprs(
-                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, traits
+                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, traits, window, softcap
             )
         consts = cache[key]
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -369,6 +413,8 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         dtype,
         config,
         traits,
+        int(attrs.get("window", 0) or 0),
+        float(attrs.get("softcap", 0.0) or 0.0),
     )
     signature = {
         "q_ptr": data,

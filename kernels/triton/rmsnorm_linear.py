@@ -14,7 +14,8 @@ Paths and tiles as in linear.py: GEMV for M <= GEMV_MAX_M (gemv_block_n rows of 
 of gemv_block_k, 16-byte loads, reduction deferred to after the loop), tl.dot tiles above it (there the
 A tile is scaled by w_norm and rounded to the activation dtype before the MMA).
 
-Config keys: gemv_block_n, gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k, num_warps,
+Config keys: gemv_block_n, gemv_block_k, gemv_warps, gemv_prefetch (GEMV; `gemv_prefetch`: the first K
+chunk of the weights loaded before the PDL wait, _projection.gemv_tile_prefetch); block_m, block_n, block_k, num_warps,
 num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; every tensor of one float dtype (bf16, f16, f32); concrete N and
@@ -36,7 +37,7 @@ IMPLEMENTS = "rmsnorm+linear"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
+_p = depend("triton/_projection.py", "f1c538360559b1c984c3825d678bd34fba79798a6e93c2b508f82df2d975d001")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, final norm + lm_head 128256 x 2048): 8 rows x 1024 of K with 4 warps
@@ -57,6 +58,10 @@ _WARP32_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    # The default with the first K chunk's weight loads before the PDL wait (gemv_prefetch; unmeasured).
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True, "gemv_prefetch": True,
+     "skinny_block_n": 128, "skinny_block_k": 64, "skinny_warps": 8, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 CONFIGS = _WARP32_CONFIGS
 
@@ -73,8 +78,10 @@ def _rmsnorm_linear(x_ptr, wn_ptr, w_ptr, b_ptr, y_ptr, n_ptr, M, eps,
                     N: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_NORM: tl.constexpr,
                     USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr,
-                    NORM: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
-    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+                    NORM: tl.constexpr, PREFETCH: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
+    # launched with PDL: every program waits for the previous kernel before any read (_pdl.py); with
+    # PREFETCH the GEMV tile waits instead, after its first weight loads
+    if USE_GDC and not PREFETCH:
         _p.gdc_wait()
         _p.gdc_launch_dependents()
     # x: [M, K], w_norm: [K], w: [N, K], y: [M, N], n: [M, K]
@@ -86,6 +93,9 @@ def _rmsnorm_linear(x_ptr, wn_ptr, w_ptr, b_ptr, y_ptr, n_ptr, M, eps,
     x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
         acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    elif PREFETCH:
+        acc, ss = _p.gemv_tile_prefetch(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                        HINT, USE_GDC)  # fmt: skip
     else:
         acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     rms = tl.sqrt(ss / K + eps)  # [BLOCK_M]

@@ -1,6 +1,7 @@
 """rmsnorm+qkv+rope+kv_write: the attention input of one layer in one kernel. n = rmsnorm(h, w_norm);
 q, k, v = n @ Wq^T, n @ Wk^T, n @ Wv^T (+ biases); rope (rotate-half, `rope_inv_freq` of each rope
-node's attributes, llama3 scaling included) on the q and k heads; k_rope and v written into the paged
+node's attributes: default, linear, yarn, llama3; cos and sin times its attention factor) on the q
+and k heads; k_rope and v written into the paged
 caches at slot (block_table[b, pos // BS], pos % BS); q_rope written as the group's output. The cache
 outputs are the state tensors themselves (the executable aliases them): only the new rows are written.
 
@@ -20,12 +21,15 @@ Paths and tiles as in linear.py: the GEMV for M = B*S <= GEMV_MAX_M, tl.dot tile
 counts interleaved rows: block_n / 2 pairs). The inv_freq tables are made at build time and copied to
 the device at the first launch on it (the runtime's warm-up launches run before graph capture).
 
-Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
+Config keys: gemv_block_n (even), gemv_block_k, gemv_warps, gemv_prefetch (GEMV; `gemv_prefetch`: the
+first K chunk of the weights loaded before the PDL wait, _projection.gemv_tile_prefetch); block_m, block_n, block_k,
 num_warps, num_stages (GEMM); the arch's launch options (waves_per_eu) where it takes them. Each config zips one GEMV and one GEMM setting.
 
 Constraints (supports): cuda or rocm; h, the weights, biases, q_rope and both caches of one float dtype
 (bf16, f16, f32); positions and block_table i32; q, k and v all with a bias or none; concrete heads,
-head_dim (even), block size and K; contiguous tensors with 16-byte aligned bases (checked at launch).
+head_dim (even), block size and K; contiguous tensors with 16-byte aligned bases (checked at launch);
+ropes over the whole head with frequencies fixed at build (no partial rotary, no "dynamic" or
+"longrope": those groups fall back to the single-op kernels, kernels/triton/rope.py among them).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from polymorph.ir.ops import rope_rotary_dim
 from polymorph.ir.reference import rope_inv_freq
 from polymorph.pipeline.kernel_files import depend
 
@@ -58,6 +63,9 @@ _WARP32_CONFIGS = [
      "block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3},
     {"gemv_block_n": 4, "gemv_block_k": 2048, "gemv_warps": 8,
      "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    # The default with the first K chunk's weight loads before the PDL wait (gemv_prefetch; unmeasured).
+    {"gemv_block_n": 4, "gemv_block_k": 512, "gemv_warps": 4, "norm_prologue": True, "gemv_prefetch": True,
+     "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
 ]  # fmt: skip
 # The tl.dot epilogue (split of the accumulator, cos/sin, two cache stores) is register-heavy: 64 x 128
 # tiles on 8 warps compile without spills on both targets (177 registers on sm_90, 118 VGPRs on
@@ -79,7 +87,7 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
+_p = depend("triton/_projection.py", "f1c538360559b1c984c3825d678bd34fba79798a6e93c2b508f82df2d975d001")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 
@@ -88,11 +96,11 @@ _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called 
 
 @triton.jit
 def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr, pair0, offs_m,
-              M, S, CTX_BLOCKS, eps, K: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
+              M, S, CTX_BLOCKS, eps, af, K: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
               BS: tl.constexpr, ROPE: tl.constexpr, TO_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr,
               USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HINT: tl.constexpr,
-              NORM: tl.constexpr):  # fmt: skip
+              NORM: tl.constexpr, PREFETCH: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
     """One projection's BLOCK_N / 2 rope pairs from pair0 on, for rows offs_m: norm, GEMV/GEMM, bias,
     rounding, rope (ROPE), and the store into q_rope [M, H*DH] or a paged cache (TO_CACHE)."""
     HALF: tl.constexpr = DH // 2
@@ -105,6 +113,9 @@ def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr,
     x_rows = h_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
         acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    elif PREFETCH:  # the tile waits for the previous kernel (PDL) after its first weight loads
+        acc, ss = _p.gemv_tile_prefetch(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                        HINT, USE_GDC)  # fmt: skip
     else:
         acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     if NORM:
@@ -124,8 +135,8 @@ def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr,
     if ROPE:
         inv = tl.load(inv_ptr + prc % HALF)  # [PAIRS] fp32
         angle = pos.to(tl.float32)[:, None] * inv[None, :]
-        cos = tl.cos(angle)
-        sin = tl.sin(angle)
+        cos = tl.cos(angle) * af  # the attention factor; 1 multiplies exactly
+        sin = tl.sin(angle) * af
         o1 = x1 * cos - x2 * sin
         o2 = x2 * cos + x1 * sin
     else:
@@ -146,12 +157,15 @@ def _qkv_part(h_ptr, wn_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, table_ptr, out_ptr,
 
 @triton.jit(do_not_specialize=["M", "S", "CTX_BLOCKS"])
 def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, invq_ptr, invk_ptr,
-                      pos_ptr, table_ptr, q_ptr, kc_ptr, vc_ptr, M, S, CTX_BLOCKS, eps,
+                      pos_ptr, table_ptr, q_ptr, kc_ptr, vc_ptr, M, S, CTX_BLOCKS, eps, afq, afk,
                       K: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
                       BS: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
-    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+                      EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr,
+                      USE_GDC: tl.constexpr):  # fmt: skip
+    # launched with PDL: every program waits for the previous kernel before any read (_pdl.py); with
+    # PREFETCH the GEMV tile waits instead, after its first weight loads
+    if USE_GDC and not PREFETCH:
         _p.gdc_wait()
         _p.gdc_launch_dependents()
     # h: [M, K]; wq: [HQ*DH, K]; wk, wv: [HKV*DH, K]; positions: [B, S]; block_table: [B, CTX_BLOCKS];
@@ -163,16 +177,16 @@ def _rmsnorm_qkv_rope(h_ptr, wn_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     if pid < NQ:
         _qkv_part(h_ptr, wn_ptr, wq_ptr, bq_ptr, invq_ptr, pos_ptr, table_ptr, q_ptr, pid * PAIRS, offs_m,
-                  M, S, CTX_BLOCKS, eps, K, HQ, DH, BS, True, False, HAS_BIAS,
-                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
+                  M, S, CTX_BLOCKS, eps, afq, K, HQ, DH, BS, True, False, HAS_BIAS,
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM, PREFETCH, USE_GDC)  # fmt: skip
     elif pid < NQ + NK:
         _qkv_part(h_ptr, wn_ptr, wk_ptr, bk_ptr, invk_ptr, pos_ptr, table_ptr, kc_ptr, (pid - NQ) * PAIRS,
-                  offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, True, True, HAS_BIAS,
-                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
+                  offs_m, M, S, CTX_BLOCKS, eps, afk, K, HKV, DH, BS, True, True, HAS_BIAS,
+                  USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM, PREFETCH, USE_GDC)  # fmt: skip
     else:
         _qkv_part(h_ptr, wn_ptr, wv_ptr, bv_ptr, invk_ptr, pos_ptr, table_ptr, vc_ptr,
-                  (pid - NQ - NK) * PAIRS, offs_m, M, S, CTX_BLOCKS, eps, K, HKV, DH, BS, False, True,
-                  HAS_BIAS, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM)  # fmt: skip
+                  (pid - NQ - NK) * PAIRS, offs_m, M, S, CTX_BLOCKS, eps, 1.0, K, HKV, DH, BS, False, True,
+                  HAS_BIAS, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT, NORM, PREFETCH, USE_GDC)  # fmt: skip
 
 
 # --- the contract ------------------------------------------------------------------------------------
@@ -212,6 +226,10 @@ def supports(spec: Any) -> bool:
     d = _dims(spec, p)
     if not all(isinstance(v, int) for v in d.values()) or d["DH"] % 2:
         return False
+    for step in ("q_rope", "k_rope"):  # frequencies fixed at build, over the whole head
+        attrs = spec.attrs(p[step])
+        if attrs["rope_type"] in ("dynamic", "longrope") or rope_rotary_dim(attrs, d["DH"]) != d["DH"]:
+            return False
     if spec.types[p["v_write"].inputs[0]].shape[1:] != (d["BS"], d["HKV"], d["DH"]):
         return False
     n_total = (d["HQ"] + 2 * d["HKV"]) * d["DH"]
@@ -245,6 +263,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     eps = float(spec.attrs(p["norm"])["eps"])
     elem = _p.ELEM_BYTES[str(spec.types[p["norm"].inputs[0]].dtype)]
     host_inv = [torch.from_numpy(rope_inv_freq(d["DH"], spec.attrs(p[s]))) for s in ("q_rope", "k_rope")]
+    af = [spec.attrs(p[s])["attention_factor"] for s in ("q_rope", "k_rope")]
     device_inv: dict[Any, list[Any]] = {}
     plans: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
@@ -286,6 +305,7 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
             pos.shape[-1],
             table.shape[-1],
             eps,
+            *af,
             HAS_BIAS=has_bias,
             NORM=norm,
             **d,
@@ -312,6 +332,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         **{name: ptr for name in ("h_ptr", "wn_ptr", "wq_ptr", "wk_ptr", "wv_ptr", "bq_ptr", "bk_ptr", "bv_ptr")},
         "invq_ptr": "*fp32", "invk_ptr": "*fp32", "pos_ptr": "*i32", "table_ptr": "*i32",
         "q_ptr": ptr, "kc_ptr": ptr, "vc_ptr": ptr, "M": "i32", "S": "i32", "CTX_BLOCKS": "i32", "eps": "fp32",
+        "afq": "fp32", "afk": "fp32",
         **{c: "constexpr" for c in consts},
     }  # fmt: skip
     name = f"rmsnorm_qkv_rope_{'gemm' if tiles['USE_DOT'] else 'gemv'}"

@@ -13,7 +13,8 @@ launches 2048 programs, 64 MB of weights streamed with 16-byte loads.
 Paths and tiles as in linear.py: the GEMV for M <= GEMV_MAX_M, tl.dot tiles above it (block_n counts
 interleaved rows: block_n / 2 features; the A tile is scaled by w_norm and rounded before the MMA).
 
-Config keys: gemv_block_n (even), gemv_block_k, gemv_warps (GEMV); block_m, block_n, block_k,
+Config keys: gemv_block_n (even), gemv_block_k, gemv_warps, gemv_prefetch (GEMV; `gemv_prefetch`: the
+first K chunk of the weights loaded before the PDL wait, _projection.gemv_tile_prefetch); block_m, block_n, block_k,
 num_warps, num_stages (GEMM); skinny_* (GEMM at 2 < M <= 64, see _projection.skinny); norm_prologue (GEMM: the
 norm as its own row kernel first, then tiles with no norm work); the arch's launch options (waves_per_eu) where it takes them. Each config
 zips one GEMV and one GEMM setting.
@@ -37,7 +38,7 @@ IMPLEMENTS = "rmsnorm+linear+silu*mul"
 
 # The projection core (tiles, paths, the norm's row kernel) shared with the other projection files,
 # pinned by content hash.
-_p = depend("triton/_projection.py", "d5eb59c6547b05260251413e9f275720966eff1f2782c1d58e0551d06ab99517")
+_p = depend("triton/_projection.py", "f1c538360559b1c984c3825d678bd34fba79798a6e93c2b508f82df2d975d001")
 _to, _gemv_tile, _gemm_tile = _p.round_to, _p.gemv_tile, _p.gemm_tile  # called by this file's kernels
 
 # Measured on an H200 (M=1 bf16, F=8192, K=2048, 64 MB of weights): 8 interleaved rows (4 features) x
@@ -61,6 +62,10 @@ _WARP32_CONFIGS = [
      "block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4},
     {"gemv_block_n": 16, "gemv_block_k": 512, "gemv_warps": 8,
      "block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    # The default with the first K chunk's weight loads before the PDL wait (gemv_prefetch; unmeasured).
+    {"gemv_block_n": 8, "gemv_block_k": 1024, "gemv_warps": 4, "norm_prologue": True, "gemv_prefetch": True,
+     "skinny_block_n": 64, "skinny_block_k": 64, "skinny_warps": 4, "skinny_stages": 4,
+     "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 ]  # fmt: skip
 CONFIGS = _WARP32_CONFIGS
 
@@ -76,8 +81,11 @@ def configs(traits: Any) -> list[dict[str, Any]]:
 def _rmsnorm_swiglu(x_ptr, wn_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, y_ptr, M, eps,
                     F: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, USE_GDC: tl.constexpr):  # fmt: skip
-    if USE_GDC:  # launched with PDL: every program waits for the previous kernel before any read (_pdl.py)
+                    EVEN_K: tl.constexpr, HINT: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr,
+                    USE_GDC: tl.constexpr):  # fmt: skip
+    # launched with PDL: every program waits for the previous kernel before any read (_pdl.py); with
+    # PREFETCH the GEMV tile waits instead, after its first weight loads
+    if USE_GDC and not PREFETCH:
         _p.gdc_wait()
         _p.gdc_launch_dependents()
     # x: [M, K], w_norm: [K], w_gate / w_up: [F, K], y: [M, F]; BLOCK_N interleaved rows = BLOCK_N/2 features
@@ -92,6 +100,9 @@ def _rmsnorm_swiglu(x_ptr, wn_ptr, wg_ptr, wu_ptr, bg_ptr, bu_ptr, y_ptr, M, eps
     x_rows = x_ptr + tl.minimum(offs_m, M - 1) * K  # padding rows (m >= M) repeat row M-1, never stored
     if USE_DOT:
         acc, ss = _gemm_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
+    elif PREFETCH:
+        acc, ss = _p.gemv_tile_prefetch(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                        HINT, USE_GDC)  # fmt: skip
     else:
         acc, ss = _gemv_tile(x_rows, wn_ptr, w_rows, K, NORM, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, HINT)
     if NORM:

@@ -1,11 +1,14 @@
-"""Elementwise ops and small reductions: silu, gelu, mul, add, softmax, argmax, cast (f32 inside)."""
+"""Elementwise ops and small reductions: silu, gelu, scale, softcap, mul, add, softmax, argmax, cast
+(f32 inside). scale's factor is a float32 constant, rounded to x's dtype first (float32 -> dtype, as
+the reference and torch round it) under round_factor_to_dtype."""
 
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import dtypes, lax
 
-IMPLEMENTS = ("silu", "gelu", "mul", "add", "softmax", "argmax", "cast")
+IMPLEMENTS = ("silu", "gelu", "scale", "softcap", "mul", "add", "softmax", "argmax", "cast")
 CONFIGS = [{}]
 
 
@@ -21,6 +24,15 @@ def build(spec, config, target):
     out_type = spec.types[node.outputs[0]]
     out = dtypes.canonicalize_dtype(out_type.dtype.numpy)
 
+    factor = cap = None
+    if op == "scale":
+        factor = np.float32(attrs["factor"])
+        if attrs["round_factor_to_dtype"]:
+            x_dtype = spec.types[node.inputs[0]].dtype.numpy
+            factor = np.float32(np.asarray(factor, dtype=np.float32).astype(x_dtype))
+    elif op == "softcap":
+        cap = np.float32(attrs["cap"])
+
     def f32(x):
         return x.astype(jnp.float32)
 
@@ -35,6 +47,10 @@ def build(spec, config, target):
                 y = 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
             else:
                 y = 0.5 * x * (1.0 + lax.erf(x / math.sqrt(2.0)))
+        elif op == "scale":
+            y = f32(xs[0]) * factor
+        elif op == "softcap":
+            y = cap * jnp.tanh(f32(xs[0]) / cap)
         elif op == "mul":
             y = f32(xs[0]) * f32(xs[1])
         elif op == "add":

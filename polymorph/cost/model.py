@@ -795,7 +795,8 @@ def _attention_shape(
     group: PlanGroup, by_name: Mapping[str, Any], types: Mapping[str, TensorType], bindings: Mapping[str, int]
 ) -> tuple[int, int, int] | None:
     """(M, K, N) of the group's attention as matrix work: the query rows that share one KV head
-    (seq x heads / kv_heads: grouped-query heads read each K and V row once), head_dim, context."""
+    (seq x heads / kv_heads: grouped-query heads read each K and V row once), head_dim, context (the
+    keys each query sees: under a sliding window, at most the window)."""
     for name in group.nodes:
         node = by_name[name]
         if node.op not in ("cache_attention", "attention"):
@@ -808,7 +809,8 @@ def _attention_shape(
             kv = numel((k.shape[2],), bindings)
         else:
             ctx, kv = numel((k.shape[1],), bindings), numel((k.shape[2],), bindings)
-        return s * max(h // max(kv, 1), 1), d, ctx
+        window = node.attrs.get("window", 0)
+        return s * max(h // max(kv, 1), 1), d, min(ctx, window) if window else ctx
     return None
 
 

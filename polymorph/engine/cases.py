@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from polymorph.engine.windows import released_blocks
 from polymorph.ir.shapes import concrete
 from polymorph.serving.kvcache import PagedKVCache
 
@@ -106,7 +107,35 @@ def draw(
             inputs.append(ints[v].astype(t.dtype.numpy))
         else:
             raise Undrawable(f"integer input `{v}` has no known meaning to draw from")
+    release_slid_out(group, inputs, ints["block_table"], ints["positions"], block_size)
     return inputs, {k: n for k, n in bindings.items() if k in group.graph.symbols()}
+
+
+def release_slid_out(
+    group: GroupInfo,
+    inputs: list[np.ndarray | None],
+    table: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+) -> None:
+    """NaN into the blocks of the drawn caches that every query of their sequence sees nothing of under
+    the window of the group's attention (`polymorph.engine.windows`): a kernel may skip them, never read
+    them (a read, or a mask applied by multiplication, shows NaN)."""
+    by_name = {n.name: n for n in group.graph.nodes}
+    producer = {v: by_name[name] for name in group.nodes for v in by_name[name].outputs}
+    owned = -(-(positions.max(axis=1) + 1) // block_size)  # each sequence's blocks, this chunk included
+    for name in group.nodes:
+        node = by_name[name]
+        window = int(node.attrs.get("window", 0) or 0)
+        if node.op != "cache_attention" or not window:
+            continue
+        released = released_blocks(table, positions.min(axis=1), window, block_size, owned)
+        for v in node.inputs[1:3]:  # k_cache, v_cache: a group input, or a kv_write of one in the group
+            while v in producer and producer[v].op == "kv_write":
+                v = producer[v].inputs[0]
+            i = group.inputs.index(v) if v in group.inputs else None
+            if released and i is not None and inputs[i] is not None and not group.is_weight(v):
+                inputs[i][sorted(released)] = np.nan
 
 
 def vary(

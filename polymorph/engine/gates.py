@@ -27,7 +27,11 @@ its cause:
                             the reference; at a step the stock plan misses too, within STOCK_SLACK of
                             the stock plan's own error
   kv_isolation              interleaved sequences decode as they do alone; the guard regions stay
-                            zero; blocks the stock kernel wrote before a swap decode right after it
+                            zero; blocks the stock kernel wrote before a swap decode right after it.
+                            Under a sliding window a block that slid out of every window reading its
+                            cache is released (`polymorph.engine.windows`): NaN from then on, in
+                            this gate, the quality run and the numerics cases, and a guard region (a
+                            write into it fails) that no kernel may read
   timing.checked            the calls the controller timed, some chosen after each round's answer,
                             match the reference: a kernel that skips work while timed fails here
   timing.roofline           the time implies no bandwidth or FLOP rate above the profile's roofline
@@ -97,7 +101,10 @@ TIMING_GATES = (CHECKED, ROOFLINE)
 INTEGRITY_GATES = (SANDBOX, TAMPER, WEIGHTS)
 STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing", INTEGRITY_GATES: "integrity"}
 
-GUARD_WHERE = " (the guard block, blocks no sequence owns, or slots past a sequence's last token)"
+GUARD_WHERE = (
+    " (the guard block, blocks no sequence owns, slots past a sequence's last token, or blocks that slid"
+    " out of a sliding window)"
+)
 CAPTURED = "captured"  # the reference's own activations, from a run of the whole model (the scenario's)
 LONGEST = "normal, ragged contexts up to the bucket's longest"
 NEAR_TIE_EPS = 4  # a router margin under this many epsilons may route differently (verify.numerics)

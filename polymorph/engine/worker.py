@@ -34,6 +34,7 @@ import numpy as np
 
 from polymorph.engine import protocol
 from polymorph.engine.arena import Arena
+from polymorph.engine.windows import ReleasedBlocks, cache_windows
 from polymorph.errors import UserError
 from polymorph.pipeline.backend import Artifact, Executable, registry
 from polymorph.pipeline.kernel_files import KernelSpec, Launch, load_choice, load_kernel
@@ -76,6 +77,7 @@ class Worker:
         self.stock: dict[str, Launch] = {}  # stock launches, built on first restore
         self.plan_groups: list[dict[str, Any]] = []  # what the controller needs to gate a group
         self.verify_cache: PagedKVCache | None = None  # the sequences of the last verify (fresh=false)
+        self.released: ReleasedBlocks | None = None  # its blocks slid out of a window (engine.windows)
         self.arenas: dict[str, Arena] = {}  # the controller's io arenas, by path
         self.views: dict[int, dict[str, Any]] = {}  # torch tensors on their slots, by arena
         self.weights_arena: Arena | None = None
@@ -243,6 +245,8 @@ class Worker:
         max_ctx = int(m.get("max_ctx", VERIFY_CTX))
         if m.get("fresh", True):
             self.verify_cache = self._fresh_cache(max_ctx)
+            windows = cache_windows(self.artifact.plan.graph)  # type: ignore[union-attr]
+            self.released = ReleasedBlocks(windows, self.block_size)
         elif self.verify_cache is None:
             raise UserError(
                 "`verify` with fresh=false needs an earlier verify since the last load, measure or reset"
@@ -259,6 +263,8 @@ class Worker:
             for i, step in enumerate(steps):
                 seqs = [int(s) for s in step["seqs"]]
                 tokens = np.asarray(step["tokens"], dtype=np.int32)
+                if self.released is not None:  # blocks outside every window: NaN, never to be read
+                    self.released.before_step(cache, seqs, exe.state)  # type: ignore[union-attr]
                 positions = np.stack([cache.reserve(s, tokens.shape[1]) for s in seqs])
                 inputs = {"tokens": tokens, "positions": positions, "block_table": cache.block_table(seqs)}
                 try:
@@ -532,6 +538,8 @@ class Worker:
             guard = guard.to(t.device)  # once: every cache tensor lives on the engine's device
             nonzero = (t != 0).reshape(*t.shape[:2], -1).sum(-1)  # per slot
             count += int(nonzero[guard].sum())
+        if cache is not None and self.released is not None:  # a write into a block a window released
+            count += self.released.written(state)
         return count
 
     def _zero_state(self) -> None:

@@ -158,6 +158,8 @@ _PEAK_KEY_OF_DTYPE: dict[str, str | None] = {
     "i64": None,
     "int64": None,
     "bool": None,
+    "c64": "f32",  # complex64 arithmetic is f32 arithmetic
+    "complex64": "f32",
 }
 
 # What an unknown-dtype error lists: the short names, not every alias above.

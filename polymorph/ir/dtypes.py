@@ -17,6 +17,7 @@ class DType(str, Enum):
     I32 = "i32"
     I64 = "i64"
     BOOL = "bool"
+    C64 = "c64"  # complex64: FFT values (two f32)
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +64,7 @@ _ITEMSIZE = {
     DType.I32: 4,
     DType.I64: 8,
     DType.BOOL: 1,
+    DType.C64: 8,
 }
 
 _NUMPY = {
@@ -74,6 +76,7 @@ _NUMPY = {
     DType.I32: np.dtype(np.int32),
     DType.I64: np.dtype(np.int64),
     DType.BOOL: np.dtype(np.bool_),
+    DType.C64: np.dtype(np.complex64),
 }
 
 _ALIASES = {
@@ -86,4 +89,5 @@ _ALIASES = {
     "float8_e5m2": "f8e5m2",
     "int32": "i32",
     "int64": "i64",
+    "complex64": "c64",
 }

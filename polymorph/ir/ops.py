@@ -29,7 +29,7 @@ class OpError(ValueError):
 
 @dataclass(frozen=True)
 class AttrSpec:
-    kind: str  # int | float | bool | str | dtype | dims | ints | optint
+    kind: str  # int | float | bool | str | dtype | dims | ints | optint | floats
     default: Any = None
     required: bool = False
     choices: tuple[str, ...] = ()
@@ -148,7 +148,36 @@ def _infer_rope(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _int(pos, "positions")
     _req(pos.shape == x.shape[:2], f"positions must be {format_shape(x.shape[:2])}, got {pos}")
     _req(not isinstance(x.shape[3], int) or x.shape[3] % 2 == 0, "head_dim must be even")
+    _check_rope_attrs(attrs, x.shape[3])
     return [x]
+
+
+def rope_rotary_dim(attrs: Mapping, head_dim: int) -> int:
+    """The dims a rope op rotates: the first `rotary_dim` of each head (0: all of them)."""
+    return attrs["rotary_dim"] or head_dim
+
+
+def _check_rope_attrs(a: Mapping, head_dim: Dim) -> None:
+    rd = a["rotary_dim"]
+    _req(rd >= 0 and rd % 2 == 0, f"rotary_dim must be even and >= 0 (0: the whole head), got {rd}")
+    if isinstance(head_dim, int):
+        _req(rd <= head_dim, f"rotary_dim {rd} exceeds head_dim {head_dim}")
+    _req(a["theta"] > 0, f"theta must be > 0, got {a['theta']}")
+    kind = a["rope_type"]
+    if kind != "default":
+        _req(a["factor"] > 0, f"{kind} rope needs factor > 0, got {a['factor']}")
+    if kind == "llama3":
+        _req(a["high_freq_factor"] != a["low_freq_factor"], "llama3 rope needs high != low_freq_factor")
+    if kind == "dynamic":
+        _req(a["max_position_embeddings"] > 0, "dynamic rope needs max_position_embeddings > 0")
+        _req(rd != 2 and head_dim != 2, "dynamic rope needs more than 2 rotary dims")
+    if kind in ("yarn", "longrope"):
+        _req(a["original_max_position_embeddings"] > 0, f"{kind} rope needs original_max_position_embeddings")
+    if kind == "longrope" and (rd or isinstance(head_dim, int)):
+        half = (rd or int(head_dim)) // 2
+        for key in ("short_factor", "long_factor"):
+            got = len(a[key])
+            _req(got == half, f"longrope `{key}` needs rotary_dim / 2 = {half} values, got {got}")
 
 
 def _cost_rope(ins, outs, attrs) -> Cost:
@@ -194,12 +223,27 @@ def _infer_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _same_dim(q.shape[0], k.shape[0], "q and k batch")
     if attrs["causal"]:
         _same_dim(q.shape[1], k.shape[1], "causal attention needs q and k of one length")
+    _check_window_softcap(attrs)
+    _req(not attrs["window"] or attrs["causal"], "a sliding window needs causal attention")
     return [q]
+
+
+def _check_window_softcap(attrs: Mapping) -> None:
+    _req(attrs["window"] >= 0, f"window must be >= 0 (0: full attention), got {attrs['window']}")
+    _req(attrs["softcap"] >= 0, f"softcap must be >= 0 (0: none), got {attrs['softcap']}")
+
+
+def _windowed_keys(s: int, window: int) -> int:
+    """Keys the s causal queries of positions 0..s-1 see in all under a window (0: none)."""
+    w = min(window, s) if window else s
+    return w * (w + 1) // 2 + (s - w) * w
 
 
 def _cost_attention(ins, outs, attrs) -> Cost:
     (_, q), (_, k) = ins[0], ins[1]
     b, s, h, d = q
+    if attrs["window"]:  # causal (the verifier checks): query i sees min(i + 1, window) keys
+        return Cost(4.0 * b * h * _windowed_keys(s, attrs["window"]) * d, _io_bytes(ins, outs))
     flops = 4.0 * b * h * s * k[1] * d
     if attrs["causal"]:
         flops /= 2
@@ -218,21 +262,34 @@ def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[Tensor
         table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}"
     )
     _req(pos.shape == q.shape[:2], f"positions must be {format_shape(q.shape[:2])}, got {pos}")
+    _check_window_softcap(attrs)
     return [q]
 
 
 def _cost_cache_attention(ins, outs, attrs) -> Cost:
-    # Upper bound: every sequence attends over its whole block table.
+    # Upper bound: every sequence attends over its whole block table, or under a window over the
+    # blocks the window of its s queries covers (a kernel skips the blocks wholly outside it).
     (_, q), (kd, kc), (_, table) = ins[0], ins[1], ins[3]
     b, s, h, d = q
-    ctx = table[1] * kc[1]
-    kv_bytes = 2.0 * b * ctx * kc[2] * kc[3] * kd.itemsize
-    return Cost(4.0 * b * h * s * ctx * d, kv_bytes + 2.0 * _nbytes(ins[0]) + _nbytes(ins[3]))
+    block = kc[1]
+    ctx = table[1] * block
+    seen, read = ctx, ctx  # keys each query sees; cache positions read per sequence
+    if attrs["window"]:
+        seen = min(ctx, attrs["window"])
+        # window + s - 1 positions, over whole blocks, one more where they straddle a block boundary
+        read = min(ctx, (-(-(attrs["window"] + s - 1) // block) + 1) * block)
+    kv_bytes = 2.0 * b * read * kc[2] * kc[3] * kd.itemsize
+    return Cost(4.0 * b * h * s * seen * d, kv_bytes + 2.0 * _nbytes(ins[0]) + _nbytes(ins[3]))
 
 
 def _infer_unary(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _float(ins[0], "x")
     return [ins[0]]
+
+
+def _infer_softcap(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    _req(attrs["cap"] > 0, f"cap must be > 0, got {attrs['cap']}")
+    return _infer_unary(ins, attrs)
 
 
 def _cost_elementwise(flops_per: float) -> Callable:
@@ -370,13 +427,34 @@ def _cost_view(ins, outs, attrs) -> Cost:
 
 
 _EPS = {"eps": AttrSpec("float", default=1e-5)}
+# Sliding window (transformers' `sliding_window`: the window counts the token itself; 0 = full) and
+# logit soft-capping (Gemma 2's `attn_logit_softcapping`: scores = cap * tanh(q.k * scale / cap),
+# after the scale, before the mask and the softmax; 0 = none).
+_WINDOW_SOFTCAP = {"window": AttrSpec("int", default=0), "softcap": AttrSpec("float", default=0.0)}
+# Rope: the frequency types of transformers' ROPE_INIT_FUNCTIONS (reference.rope_inv_freq computes each
+# as it does); each type reads only its own parameters. `rotary_dim` (0: the whole head) rotates the
+# first rotary_dim dims (rotate-half within them) and passes the rest through (partial_rotary_factor).
+# `attention_factor` multiplies cos and sin (yarn's mscale, longrope's factor: the value transformers'
+# init function returns, which `reference.rope_attention_factor` computes from the HF parameters for
+# the loader). `factor` is used as given (transformers' fallback max_position_embeddings /
+# original_max_position_embeddings for yarn and longrope is the loader's). "dynamic" and "longrope"
+# depend on the sequence length, which a call takes as max(positions) + 1.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 _ROPE = {
     "theta": AttrSpec("float", default=10000.0),
-    "rope_type": AttrSpec("str", default="default", choices=("default", "llama3")),
-    "factor": AttrSpec("float", default=1.0),
-    "low_freq_factor": AttrSpec("float", default=1.0),
-    "high_freq_factor": AttrSpec("float", default=4.0),
-    "original_max_position_embeddings": AttrSpec("int", default=8192),
+    "rope_type": AttrSpec("str", default="default", choices=ROPE_TYPES),
+    "rotary_dim": AttrSpec("int", default=0),
+    "attention_factor": AttrSpec("float", default=1.0),
+    "factor": AttrSpec("float", default=1.0),  # linear, dynamic, yarn, longrope, llama3
+    "low_freq_factor": AttrSpec("float", default=1.0),  # llama3
+    "high_freq_factor": AttrSpec("float", default=4.0),  # llama3
+    "original_max_position_embeddings": AttrSpec("int", default=8192),  # llama3, yarn, longrope
+    "max_position_embeddings": AttrSpec("int", default=0),  # dynamic
+    "beta_fast": AttrSpec("float", default=32.0),  # yarn
+    "beta_slow": AttrSpec("float", default=1.0),  # yarn
+    "truncate": AttrSpec("bool", default=True),  # yarn
+    "short_factor": AttrSpec("floats", default=()),  # longrope: [rotary_dim / 2]
+    "long_factor": AttrSpec("floats", default=()),  # longrope: [rotary_dim / 2]
 }
 
 OPS: dict[str, OpDef] = {
@@ -395,20 +473,31 @@ OPS: dict[str, OpDef] = {
         OpDef("layernorm", "norm", (3, 3), _infer_norm, _cost_norm, dict(_EPS),
               doc="x[*, D], w[D], b[D] -> (x - mean) / std * w + b"),
         OpDef("rope", "position", (2, 2), _infer_rope, _cost_rope, dict(_ROPE),
-              doc="x[B, S, H, Dh], positions[B, S] -> rotary embedding, rotate-half (neox) layout"),
+              doc="x[B, S, H, Dh], positions[B, S] -> rotary embedding, rotate-half (neox) layout, on the "
+                  "first rotary_dim dims of each head (0: all), cos and sin times attention_factor"),
         # --- attention and the KV cache
         OpDef("kv_write", "attention", (4, 4), _infer_kv_write, _cost_kv_write,
               doc="cache, x[B, S, Hkv, Dh], block_table, positions -> cache with x at its slots (in place)"),
         OpDef("attention", "attention", (3, 3), _infer_attention, _cost_attention,
-              {"causal": AttrSpec("bool", default=True), "scale": AttrSpec("float", required=True)},
-              doc="q[B, S, H, Dh], k, v[B, T, Hkv, Dh] -> [B, S, H, Dh] (grouped-query)"),
+              {"causal": AttrSpec("bool", default=True), "scale": AttrSpec("float", required=True),
+               **_WINDOW_SOFTCAP},
+              doc="q[B, S, H, Dh], k, v[B, T, Hkv, Dh] -> [B, S, H, Dh] (grouped-query); causal: query i "
+                  "sees keys j <= i, and j > i - window under a window"),
         OpDef("cache_attention", "attention", (5, 5), _infer_cache_attention, _cost_cache_attention,
-              {"scale": AttrSpec("float", required=True)},
-              doc="q[B, S, H, Dh] over the paged cache; token (b, s) sees positions <= positions[b, s]"),
+              {"scale": AttrSpec("float", required=True), **_WINDOW_SOFTCAP},
+              doc="q[B, S, H, Dh] over the paged cache; token (b, s) at p = positions[b, s] sees positions "
+                  "k <= p, and k > p - window under a window"),
         # --- elementwise
         OpDef("silu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(4.0)),
         OpDef("gelu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(8.0),
               {"approximate": AttrSpec("str", default="none", choices=("none", "tanh"))}),
+        OpDef("scale", "elementwise", (1, 1), _infer_unary, _cost_elementwise(1.0),
+              {"factor": AttrSpec("float", required=True), "round_factor_to_dtype": AttrSpec("bool", default=False)},
+              doc="x * factor in f32; round_factor_to_dtype: factor rounded to x's dtype first (Gemma's "
+                  "embedding normalizer)"),
+        OpDef("softcap", "elementwise", (1, 1), _infer_softcap, _cost_elementwise(4.0),
+              {"cap": AttrSpec("float", required=True)},
+              doc="cap * tanh(x / cap) (Gemma 2's final logit soft-capping)"),
         OpDef("mul", "elementwise", (2, 2), _infer_binary, _cost_elementwise(1.0)),
         OpDef("add", "elementwise", (2, 2), _infer_binary, _cost_elementwise(1.0)),
         OpDef("softmax", "reduction", (1, 1), _infer_softmax, _cost_elementwise(5.0),
@@ -480,6 +569,12 @@ def _check_attr(key: str, spec: AttrSpec, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad()
         return float(value)
+    if kind == "floats":
+        if not isinstance(value, list | tuple) or any(
+            isinstance(v, bool) or not isinstance(v, int | float) for v in value
+        ):
+            raise bad()
+        return tuple(float(v) for v in value)
     if kind == "str":
         if not isinstance(value, str):
             raise bad()
@@ -525,3 +620,9 @@ def node_cost(
     ins = [(t.dtype, concrete(t.shape, bindings)) for t in in_types]
     outs = [(t.dtype, concrete(t.shape, bindings)) for t in out_types]
     return op.cost(ins, outs, normalize_attrs(op, node.attrs))
+
+
+# The general ops (torch.export's core ATen graphs import into them): their own module, one table.
+from polymorph.ir.general_ops import GENERAL_OPS  # noqa: E402
+
+OPS.update(GENERAL_OPS)

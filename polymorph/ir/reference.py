@@ -19,7 +19,7 @@ import numpy as np
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph, TensorType
-from polymorph.ir.ops import OPS, normalize_attrs
+from polymorph.ir.ops import OPS, normalize_attrs, rope_rotary_dim
 from polymorph.ir.shapes import bind, format_shape
 
 Array = np.ndarray
@@ -65,12 +65,27 @@ def _layernorm(ins: list[Array], a: Mapping) -> list[Array]:
     return [(x - mean) / np.sqrt(var + np.float32(a["eps"])) * w + b]
 
 
-def rope_inv_freq(head_dim: int, a: Mapping, dtype: type = np.float32) -> Array:
-    """Inverse frequencies [head_dim / 2] of a rope op's attributes (llama3 scaling included),
-    computed in float64 as transformers does, returned as `dtype`."""
-    inv = 1.0 / (a["theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    if a["rope_type"] == "llama3":
-        factor, lo, hi = a["factor"], a["low_freq_factor"], a["high_freq_factor"]
+def rope_inv_freq(head_dim: int, a: Mapping, dtype: type = np.float32, seq_len: int | None = None) -> Array:
+    """Inverse frequencies [rotary_dim / 2] of a rope op's attributes, as transformers'
+    `ROPE_INIT_FUNCTIONS[rope_type]` computes them (in float64 here), returned as `dtype`.
+
+    `seq_len` is the sequence length "dynamic" and "longrope" depend on (a call's max(positions) + 1);
+    None: the length transformers starts from (dynamic: max_position_embeddings, so the unscaled
+    frequencies; longrope: the short factors). Attributes `a` omits take the op table's defaults."""
+    a = _rope_attrs(a)
+    dim = rope_rotary_dim(a, head_dim)
+    base, kind, factor = a["theta"], a["rope_type"], a["factor"]
+    exponents = np.arange(0, dim, 2, dtype=np.float64) / dim  # [dim / 2]
+    if kind == "dynamic":
+        # NTK-aware: the base grows with the sequence beyond max_position_embeddings.
+        max_pos = a["max_position_embeddings"]
+        length = max(seq_len or max_pos, max_pos)
+        base = base * ((factor * length / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+    inv = 1.0 / (base**exponents)
+    if kind == "linear":
+        inv = inv / factor
+    elif kind == "llama3":
+        lo, hi = a["low_freq_factor"], a["high_freq_factor"]
         old = a["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > old / lo, inv / factor, inv)
@@ -78,17 +93,83 @@ def rope_inv_freq(head_dim: int, a: Mapping, dtype: type = np.float32) -> Array:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / hi) & (wavelen <= old / lo)
         inv = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv = _yarn_inv_freq(inv, dim, a)
+    elif kind == "longrope":
+        long = seq_len is not None and seq_len > a["original_max_position_embeddings"]
+        ext = np.asarray(a["long_factor"] if long else a["short_factor"], dtype=np.float64)
+        inv = inv / ext
     return inv.astype(dtype)
+
+
+def _rope_attrs(a: Mapping) -> Mapping:
+    return {**{k: spec.default for k, spec in OPS["rope"].attrs.items()}, **a}
+
+
+def _yarn_inv_freq(inv_extrapolation: Array, dim: int, a: Mapping) -> Array:
+    """YaRN: interpolated (divided by factor) frequencies below the correction range of [beta_slow,
+    beta_fast] rotations over the original context, the original ones above it, a linear ramp between."""
+    base, old = a["theta"], a["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(a["beta_fast"]), correction_dim(a["beta_slow"])
+    if a["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp  # 1: keep the original frequency, 0: interpolate
+    return inv_extrapolation / a["factor"] * (1 - extrapolation) + inv_extrapolation * extrapolation
+
+
+def rope_attention_factor(
+    rope_type: str,
+    factor: float,
+    original_max_position_embeddings: int,
+    attention_factor: float | None = None,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+) -> float:
+    """The attention factor transformers' init function of `rope_type` returns for these HF rope
+    parameters (what a loader sets the rope op's `attention_factor` to): the given `attention_factor`
+    for yarn and longrope, else yarn's mscale (of `mscale` / `mscale_all_dim` where both are set),
+    longrope's sqrt(1 + ln(factor) / ln(original_max_position_embeddings)); 1 for the other types."""
+    if rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if attention_factor is not None:
+        return float(attention_factor)
+    if rope_type == "yarn":
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if mscale and mscale_all_dim:
+            return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+        return float(get_mscale(factor))
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_max_position_embeddings))
+
+
+def rope_seq_len(positions: Array) -> int | None:
+    """The sequence length a call of rope stands for: max(positions) + 1 (None for no tokens)."""
+    return int(positions.max()) + 1 if positions.size else None
 
 
 def _rope(ins: list[Array], a: Mapping) -> list[Array]:
     x, pos = f32(ins[0]), ins[1]
-    half = x.shape[-1] // 2
-    angles = pos.astype(np.float32)[..., None] * rope_inv_freq(x.shape[-1], a)  # [B, S, Dh/2]
-    cos = np.cos(angles)[:, :, None, :]  # [B, S, 1, Dh/2]
-    sin = np.sin(angles)[:, :, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return [np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)]
+    dim = rope_rotary_dim(a, x.shape[-1])
+    half = dim // 2
+    inv = rope_inv_freq(x.shape[-1], a, seq_len=rope_seq_len(pos))  # [dim / 2]
+    angles = pos.astype(np.float32)[..., None] * inv  # [B, S, dim / 2]
+    af = np.float32(a["attention_factor"])
+    cos = np.cos(angles)[:, :, None, :] * af  # [B, S, 1, dim / 2]
+    sin = np.sin(angles)[:, :, None, :] * af
+    x1, x2, rest = x[..., :half], x[..., half:dim], x[..., dim:]
+    return [np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)]
 
 
 def cache_slots(block_table: Array, positions: Array, block_size: int) -> tuple[Array, Array]:
@@ -110,17 +191,21 @@ def _kv_write(ins: list[Array], a: Mapping) -> list[Array]:
     return [cache]
 
 
-def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float) -> Array:
-    """q[B, S, H, Dh], k/v[B, T, Hkv, Dh], visible[B, S, T] -> [B, S, H, Dh], grouped-query."""
+def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float, softcap: float = 0.0) -> Array:
+    """q[B, S, H, Dh], k/v[B, T, Hkv, Dh], visible[B, S, T] -> [B, S, H, Dh], grouped-query; scores
+    soft-capped to softcap * tanh(scores / softcap) after the scale where softcap > 0."""
     b, s, h, d = q.shape
     hkv = k.shape[2]
     qg = q.reshape(b, s, hkv, h // hkv, d)  # query heads grouped by the kv head they share
     scores = np.einsum("bsgrd,btgd->bgrst", qg, k) * np.float32(scale)  # [B, Hkv, rep, S, T]
+    if softcap:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
     scores = np.where(visible[:, None, None], scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p = p / p.sum(axis=-1, keepdims=True)
-    # A slot no query sees may hold anything (unwritten cache memory): it must not reach the output.
+    # A slot no query sees may hold anything (unwritten cache memory, a block outside the window, NaN
+    # included): it must not reach the output (its scores are already masked to -inf).
     v = np.where(visible.any(axis=1)[:, :, None, None], v, np.float32(0))
     out = np.einsum("bgrst,btgd->bsgrd", p, v)
     return out.reshape(b, s, h, d)
@@ -132,7 +217,9 @@ def _attention(ins: list[Array], a: Mapping) -> list[Array]:
     visible = np.ones((q.shape[0], s, t), dtype=bool)
     if a["causal"]:
         visible &= np.tril(np.ones((s, t), dtype=bool))
-    return [_attend(q, k, v, visible, a["scale"])]
+    if a["window"]:  # causal: query i sees keys i - window < j <= i
+        visible &= ~np.tril(np.ones((s, t), dtype=bool), -a["window"])
+    return [_attend(q, k, v, visible, a["scale"], a["softcap"])]
 
 
 def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
@@ -142,7 +229,9 @@ def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
     v = f32(vc[table]).reshape(table.shape[0], table.shape[1] * bs, hkv, d)
     t = np.arange(k.shape[1])
     visible = t[None, None, :] <= pos[:, :, None]  # [B, S, T]
-    return [_attend(f32(q), k, v, visible, a["scale"])]
+    if a["window"]:
+        visible &= t[None, None, :] > pos[:, :, None] - a["window"]
+    return [_attend(f32(q), k, v, visible, a["scale"], a["softcap"])]
 
 
 def _silu(ins: list[Array], a: Mapping) -> list[Array]:
@@ -156,6 +245,18 @@ def _gelu(ins: list[Array], a: Mapping) -> list[Array]:
         return [0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))]
     erf = np.vectorize(math.erf, otypes=[np.float64])
     return [(0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(np.float32)]
+
+
+def _scale(ins: list[Array], a: Mapping) -> list[Array]:
+    factor = np.float32(a["factor"])
+    if a["round_factor_to_dtype"] and ins[0].dtype != np.float32:
+        factor = f32(np.asarray(a["factor"], dtype=np.float32).astype(ins[0].dtype))
+    return [f32(ins[0]) * factor]
+
+
+def _softcap(ins: list[Array], a: Mapping) -> list[Array]:
+    cap = np.float32(a["cap"])
+    return [cap * np.tanh(f32(ins[0]) / cap)]
 
 
 def _arith(x: Array) -> Array:
@@ -253,6 +354,8 @@ REFERENCE: dict[str, RefFn] = {
     "cache_attention": _cache_attention,
     "silu": _silu,
     "gelu": _gelu,
+    "scale": _scale,
+    "softcap": _softcap,
     "mul": _mul,
     "add": _add,
     "softmax": _softmax,
@@ -265,6 +368,9 @@ REFERENCE: dict[str, RefFn] = {
     "concat": _concat,
     "cast": _cast,
 }
+from polymorph.ir.general_reference import GENERAL_REFERENCE  # noqa: E402  (the general ops)
+
+REFERENCE.update(GENERAL_REFERENCE)
 assert set(REFERENCE) == set(OPS), "every op of the table has exactly one reference"
 
 

@@ -27,6 +27,7 @@ OP_TOLERANCE: dict[DType, Tolerance] = {
     DType.BF16: Tolerance(rtol=1.6e-2, atol=1e-2),
     DType.F8E4M3: Tolerance(rtol=1.25e-1, atol=2e-2),
     DType.F8E5M2: Tolerance(rtol=2.5e-1, atol=4e-2),
+    DType.C64: Tolerance(rtol=1e-4, atol=1e-5),  # complex64: two f32 parts
 }
 
 # A whole model's logits against the reference (or transformers), after every layer compounded.
@@ -35,6 +36,7 @@ OP_TOLERANCE: dict[DType, Tolerance] = {
 # the fused Triton plans of llama-tiny reached 0.059 over 6 seeds, so 0.06 was too tight to be stable.
 MODEL_TOLERANCE: dict[DType, Tolerance] = {
     DType.F32: Tolerance(rtol=1e-3, atol=1e-4),
+    DType.C64: Tolerance(rtol=1e-3, atol=1e-4),
     DType.F16: Tolerance(rtol=2e-2, atol=2e-2),
     DType.BF16: Tolerance(rtol=8e-2, atol=8e-2),
 }
@@ -81,6 +83,9 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Compari
             (),
             f"shape {list(actual.shape)} != expected {list(expected.shape)}",
         )
+    if np.iscomplexobj(actual) or np.iscomplexobj(expected):  # complex: its real and imaginary parts
+        actual = np.stack([np.real(actual), np.imag(actual)])
+        expected = np.stack([np.real(expected), np.imag(expected)])
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     finite = np.isfinite(e)

@@ -329,6 +329,8 @@ PAGED = [
     {"batch": 1, "seq": 7, "ctx_blocks": 3, "cache_blocks": 5},  # a prefill
     {"batch": 3, "seq": 1, "ctx_blocks": 4, "cache_blocks": 16},  # a decode batch
 ]
+# the windowed cache_attention rows: PAGED and a ragged batch of 3-token chunks over 6-block tables
+PAGED_WINDOWED = [*PAGED, {"batch": 3, "seq": 3, "ctx_blocks": 6, "cache_blocks": 20}]
 
 
 def _ints(lo: int, hi: int) -> IntGen:
@@ -379,6 +381,32 @@ def _entries() -> list[OpInfo]:
                rope(theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=64),
                rope_samples))
+    # The other rope types (tests/unit/test_rope_types.py checks their frequencies against transformers).
+    # dynamic and longrope pick their frequencies per call from max(positions) + 1: positions below
+    # 4096 cross the boundaries (1024 and 2048) in most samples; `.short` keeps longrope below its own.
+    longrope = dict(rope_type="longrope", original_max_position_embeddings=2048, factor=16.0,
+                    attention_factor=1.1677484162422844,  # sqrt(1 + ln 16 / ln 2048)
+                    short_factor=[1.0, 1.1, 1.25, 1.5, 2.0, 3.0], long_factor=[1.0, 2.0, 4.0, 9.0, 17.0, 31.0],
+                    rotary_dim=12)
+    for name, attrs in (
+        ("linear", dict(rope_type="linear", factor=4.0)),
+        # yarn's attention factors: mscale 0.1 ln(4) + 1, and mscale 0.707 over mscale_all_dim 1 at factor 8
+        ("yarn", dict(theta=1e6, rope_type="yarn", factor=4.0, original_max_position_embeddings=512,
+                      attention_factor=1.1386294361119891)),
+        ("yarn.partial", dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=256, beta_fast=16.0,
+                              truncate=False, rotary_dim=8, attention_factor=0.9495608824621653)),
+        ("longrope", longrope),
+        ("partial", dict(theta=500000.0, rotary_dim=8)),
+        ("attention_factor", dict(rope_type="linear", factor=2.0, attention_factor=1.3, rotary_dim=14)),
+    ):
+        add(OpInfo(f"rope.{name}", "rope", rope(**attrs), rope_samples))
+    add(OpInfo("rope.longrope.short", "rope", rope(**longrope),
+               leaf_samples(BATCH_SEQ, ints={"positions": _ints(0, 2048)})))
+    # dynamic grows its base on the device in float32 (kernels/xla/rope.py), a few ulp from the float64
+    # reference: positions stay below 48 (past max_position_embeddings 8 in most samples), where that
+    # moves an angle by less than the f32 tolerance
+    add(OpInfo("rope.dynamic", "rope", rope(rope_type="dynamic", factor=4.0, max_position_embeddings=8),
+               leaf_samples(BATCH_SEQ, ints={"positions": _ints(0, 48)})))
 
     # --- attention and the KV cache
     add(OpInfo("kv_write", "kv_write",
@@ -399,20 +427,38 @@ def _entries() -> list[OpInfo]:
                                                 "k": inp(d, "batch", "kv_len", 2, 16),
                                                 "v": inp(d, "batch", "kv_len", 2, 16)}, scale=0.25, causal=False),
                leaf_samples([{"batch": 1, "kv_len": 1}, {"batch": 2, "kv_len": 16}], wide=["v"], large=10.0)))
+    # sliding windows shorter (3) and longer (64) than the 7-token sequences; soft-capped scores (scale
+    # 0.5: scores of a few units, where the cap of 2 bends them)
+    for name, attrs in (("window3", {"window": 3}), ("window64", {"window": 64}),
+                        ("softcap", {"softcap": 2.0}), ("window3_softcap", {"window": 3, "softcap": 2.0})):
+        add(OpInfo(f"attention.{name}", "attention",
+                   lambda d, attrs=attrs: one_node("attention", {"q": inp(d, "batch", "seq", 6, 16),
+                                                                 "k": inp(d, "batch", "seq", 3, 16),
+                                                                 "v": inp(d, "batch", "seq", 3, 16)},
+                                                   scale=0.5, **attrs),
+                   leaf_samples(BATCH_SEQ, wide=["v"], large=10.0)))
 
-    def cache_attention(q_dtype: DType | None = None) -> Callable[[DType], Graph]:
+    def cache_attention(q_dtype: DType | None = None, scale: float = 0.25, **attrs: Any) -> Callable[[DType], Graph]:
         return lambda d: one_node("cache_attention", {
             "q": inp(q_dtype or d, "batch", "seq", 4, 16),
             "k_cache": inp(d, "cache_blocks", BLOCK_SIZE, 2, 16),
             "v_cache": inp(d, "cache_blocks", BLOCK_SIZE, 2, 16),
             "block_table": inp(I32, "batch", "ctx_blocks"),
-            "positions": inp(I32, "batch", "seq")}, scale=0.25)
+            "positions": inp(I32, "batch", "seq")}, scale=scale, **attrs)
 
     paged_samples = leaf_samples(PAGED, wide=["v_cache"], large=10.0,
                                  ints={"block_table": ids_below("cache_blocks"), "positions": context_positions})
     add(OpInfo("cache_attention", "cache_attention", cache_attention(), paged_samples))
     # an fp8 KV cache read by bf16 queries
     add(OpInfo("cache_attention.f8cache", "cache_attention", cache_attention(BF16), paged_samples, dtypes=FP8))
+    # Sliding windows shorter than the contexts (3: inside one or two blocks; 6: across blocks) and
+    # longer (100), soft-capped scores; PAGED_WINDOWED adds a ragged batch of 3-token chunks.
+    windowed_samples = leaf_samples(PAGED_WINDOWED, wide=["v_cache"], large=10.0,
+                                    ints={"block_table": ids_below("cache_blocks"), "positions": context_positions})
+    for name, attrs in (("window3", {"window": 3}), ("window6", {"window": 6}), ("window100", {"window": 100}),
+                        ("softcap", {"softcap": 2.0}), ("window6_softcap", {"window": 6, "softcap": 2.0})):
+        add(OpInfo(f"cache_attention.{name}", "cache_attention", cache_attention(scale=0.5, **attrs),
+                   windowed_samples))
 
     # --- elementwise
     def unary(op: str, **attrs: Any) -> Callable[[DType], Graph]:
@@ -421,6 +467,12 @@ def _entries() -> list[OpInfo]:
     add(OpInfo("silu", "silu", unary("silu"), leaf_samples(BATCH_SEQ)))
     add(OpInfo("gelu", "gelu", unary("gelu"), leaf_samples(BATCH_SEQ)))
     add(OpInfo("gelu.tanh", "gelu", unary("gelu", approximate="tanh"), leaf_samples(BATCH_SEQ)))
+    add(OpInfo("scale", "scale", unary("scale", factor=0.37), leaf_samples(BATCH_SEQ)))
+    # Gemma's embedding normalizer sqrt(hidden_size), rounded to the activation dtype first
+    add(OpInfo("scale.rounded", "scale", unary("scale", factor=2048**0.5, round_factor_to_dtype=True),
+               leaf_samples(BATCH_SEQ)))
+    # Gemma 2's final logit cap of 30: the uniform and outlier samples (|x| up to 100) saturate it
+    add(OpInfo("softcap", "softcap", unary("softcap", cap=30.0), leaf_samples(BATCH_SEQ)))
     for op in ("mul", "add"):
         add(OpInfo(op, op, lambda d, op=op: one_node(op, {"a": inp(d, "batch", 7), "b": inp(d, "batch", 7)}),
                    leaf_samples(ROWS)))
@@ -511,8 +563,21 @@ def _entries() -> list[OpInfo]:
     add(OpInfo("mlp", "linear+silu*mul", mlp_graph,
                leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25, "w_down": 0.2}),
                patterns=(*swiglu, *residual)))
+    e.extend(_general_entries())  # the general ops: tests/conformance/general_entries.py
     return e
 # fmt: on
+
+
+def _general_entries() -> list[OpInfo]:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "general_entries", Path(__file__).with_name("general_entries.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.entries(globals())
 
 
 OP_TABLE: tuple[OpInfo, ...] = tuple(_entries())

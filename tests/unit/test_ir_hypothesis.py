@@ -15,6 +15,7 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -276,6 +277,15 @@ def step_gelu(r: Recipe) -> None:
     r.op("gelu", r.any_float(min_rank=0)[0], approximate=r.draw(st.sampled_from(["none", "tanh"])))
 
 
+def step_scale(r: Recipe) -> None:
+    r.op("scale", r.any_float(min_rank=0)[0], factor=r.draw(st.sampled_from([0.37, 2048**0.5])),
+         round_factor_to_dtype=r.draw(st.booleans()))  # fmt: skip
+
+
+def step_softcap(r: Recipe) -> None:
+    r.op("softcap", r.any_float(min_rank=0)[0], cap=r.draw(st.sampled_from([1.0, 30.0])))
+
+
 def _binary(r: Recipe, op: str) -> None:
     a, at = r.any_float(min_rank=0)
     if r.draw(st.booleans()):
@@ -414,6 +424,16 @@ def step_cast(r: Recipe) -> None:
     r.op("cast", x, dtype=r.draw(st.sampled_from([target.value, alias])))
 
 
+def _load_general_steps() -> dict[str, Callable[[Recipe], None]]:
+    import importlib.util
+
+    path = Path(__file__).with_name("general_steps.py")
+    spec = importlib.util.spec_from_file_location("general_steps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GENERAL_STEPS
+
+
 STEPS: dict[str, Callable[[Recipe], None]] = {
     "embedding": step_embedding,
     "linear": step_linear,
@@ -426,6 +446,8 @@ STEPS: dict[str, Callable[[Recipe], None]] = {
     "cache_attention": step_cache_attention,
     "silu": step_silu,
     "gelu": step_gelu,
+    "scale": step_scale,
+    "softcap": step_softcap,
     "mul": step_mul,
     "add": step_add,
     "softmax": step_softmax,
@@ -438,6 +460,7 @@ STEPS: dict[str, Callable[[Recipe], None]] = {
     "concat": step_concat,
     "cast": step_cast,
 }
+STEPS.update(_load_general_steps())  # the general ops' steps (tests/unit/general_steps.py)
 
 
 @dataclass(frozen=True)
@@ -583,6 +606,7 @@ def _wrong_value(kind: str) -> list[Any]:
             "int": [1.5, "3", True, None],
             "optint": [1.5, "3", False],
             "float": ["0.5", True, None, [0.5]],
+            "floats": ["0.5", 3, [True], ["a"], [None]],
             "str": [1, None, True, "not-a-choice"],
             "dtype": ["float7", 5, None, "F32x"],
             "dims": ["batch", 3, [1.5], [True], [-1]],
