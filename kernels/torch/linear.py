@@ -7,11 +7,17 @@ IMPLEMENTS = ("linear", "matmul")
 # so the GEMM streams the weight row-major: a real choice on CPU, where one or the other wins by shape.
 # compute "f32" runs a bf16/f16 projection as an f32 GEMM on an f32 copy of the weight made once (the
 # output rounded once), for CPUs whose half-precision GEMM is slow; it changes nothing at f32.
+# epilogue "copy" makes the product and copies it into the output; "out" has the GEMM write the output
+# buffer itself (f32 outputs; one dispatch and one pass over the output less). threads: 0 keeps the
+# executable's thread count, n runs the GEMM on n threads (torch's count is per process: restored after).
 CONFIGS = [
-    {"weight_layout": "nk", "compute": "native"},
-    {"weight_layout": "kn", "compute": "native"},
-    {"weight_layout": "nk", "compute": "f32"},
-    {"weight_layout": "kn", "compute": "f32"},
+    {"weight_layout": "nk", "compute": "native", "epilogue": "copy", "threads": 0},
+    {"weight_layout": "kn", "compute": "native", "epilogue": "copy", "threads": 0},
+    {"weight_layout": "nk", "compute": "f32", "epilogue": "copy", "threads": 0},
+    {"weight_layout": "kn", "compute": "f32", "epilogue": "copy", "threads": 0},
+    {"weight_layout": "nk", "compute": "native", "epilogue": "out", "threads": 0},
+    {"weight_layout": "kn", "compute": "native", "epilogue": "out", "threads": 0},
+    {"weight_layout": "kn", "compute": "native", "epilogue": "out", "threads": 2},
 ]
 
 
@@ -44,6 +50,8 @@ def build(spec, config, target):
             prepared[key] = (w, v.t().contiguous() if kn else v.contiguous())
         return prepared[key][1]
 
+    direct = config.get("epilogue") == "out"
+
     def launch(inputs, outputs, scratch):
         x, w = inputs[args[0]], inputs[args[1]]
         bias = inputs[args[2]] if len(args) == 3 else None
@@ -52,12 +60,40 @@ def build(spec, config, target):
             x = x.float()
             bias = None if bias is None else bias.float()
         wt = weight(w, f32)
+        out = outputs[0]
+        if direct and out.dtype == x.dtype == wt.dtype and out.is_contiguous():
+            rows = x.reshape(-1, x.shape[-1])  # [M, K]
+            flat = out.view(-1, out.shape[-1])  # [M, N], the output's own storage
+            mat = wt if kn else wt.t()  # [K, N]
+            if bias is None:
+                torch.mm(rows, mat, out=flat)
+            else:
+                torch.addmm(bias, rows, mat, out=flat)
+            return
         if kn and bias is not None:  # one rounding of x @ w + bias, as the reference's single op has
             y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), wt).reshape(*x.shape[:-1], wt.shape[-1])
         elif kn:
             y = torch.matmul(x, wt)  # [*, K] @ [K, N]
         else:
             y = torch.nn.functional.linear(x, wt, bias)
-        outputs[0].copy_(y)
+        out.copy_(y)
 
-    return launch
+    return _threaded(launch, config.get("threads", 0))
+
+
+def _threaded(launch, threads):
+    """`launch` run on `threads` threads, the process's count restored after (torch's is global)."""
+    if not threads:
+        return launch
+
+    def run(inputs, outputs, scratch):
+        before = torch.get_num_threads()
+        if before == threads:
+            return launch(inputs, outputs, scratch)
+        torch.set_num_threads(threads)
+        try:
+            launch(inputs, outputs, scratch)
+        finally:
+            torch.set_num_threads(before)
+
+    return run
