@@ -87,20 +87,49 @@ def timed_steps(step, make_tokens, steps: int) -> float:
     return statistics.median(times)
 
 
+def with_overrides(plan, overrides: dict[str, dict]):
+    """The plan with config keys replaced per kernel: `overrides` maps a kernel file
+    ("triton/linear_residual.py"), or a file and a group-id substring ("triton/linear_residual.py@attn.o"),
+    to the keys its groups' configs take on top of the plan's choice (a variant of bench/h200_variants.py)."""
+    groups = []
+    for g in plan.groups:
+        config = dict(g.kernel.config)
+        for key, keys in overrides.items():
+            file, _, part = key.partition("@")
+            if g.kernel.file == file and part in g.id:
+                config.update(keys)
+        kernel = g.kernel if config == g.kernel.config else dataclasses.replace(g.kernel, config=config)
+        groups.append(dataclasses.replace(g, kernel=kernel))
+    return dataclasses.replace(plan, groups=groups)
+
+
 class PolymorphRunner:
-    def __init__(self, model, weights, batch: int, ctx: int) -> None:
+    def __init__(self, model, weights, batch: int, ctx: int, overrides: dict[str, dict] | None = None,
+                 share: PolymorphRunner | None = None) -> None:  # fmt: skip
+        """`overrides`: config keys per kernel file (with_overrides); `share`: a runner of the same
+        model and shape whose KV cache and block table this one uses too (variants of one point)."""
         block = int(model.graph.meta["block_size"])
         self.ctx_blocks = -(-(ctx + 16) // block)
         cache_blocks = batch * self.ctx_blocks + 1
         bindings = {"batch": batch, "seq": 1, "ctx_blocks": self.ctx_blocks, "cache_blocks": cache_blocks}
         backend = registry.get("cuda")
-        self.plan = backend.lower(model.graph, load_profile("h200"), bindings)
+        if share is not None:  # the same shape: its plan before overrides, not lowered again
+            self.plan = self.lowered = share.lowered
+        else:
+            self.plan = self.lowered = backend.lower(model.graph, load_profile("h200"), bindings)
+        if overrides:
+            self.plan = with_overrides(self.plan, overrides)
         self.exe = GpuExecutable(backend, self.plan, weights)
-        self.exe.allocate_state(cache_blocks)
-        perm = (
-            torch.randperm(cache_blocks - 1, device="cuda")[: batch * self.ctx_blocks] + 1
-        )  # block 0: guard
-        self.block_table = perm.view(batch, self.ctx_blocks).to(torch.int32)
+        if share is not None:
+            self.exe.state = share.exe.state
+            self.exe.allocated = True
+            self.block_table = share.block_table
+        else:
+            self.exe.allocate_state(cache_blocks)
+            perm = (
+                torch.randperm(cache_blocks - 1, device="cuda")[: batch * self.ctx_blocks] + 1
+            )  # block 0: guard
+            self.block_table = perm.view(batch, self.ctx_blocks).to(torch.int32)
         self.block = block
         self.batch = batch
 

@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || { echo "usage: bench/h200_session.sh STEP... (smoke tests microbench engine decode-b1 decode decode-b8 prefill moe tune tp)" >&2; exit 2; }
+[ ${#STEPS[@]} -gt 0 ] || { echo "usage: bench/h200_session.sh STEP... (smoke tests microbench engine decode-b1 decode decode-b8 variants prefill moe tune tp)" >&2; exit 2; }
 DEADLINE=${DEADLINE:-580}
 python -m pip install --quiet --no-deps --no-build-isolation . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ROOT=$PWD
@@ -45,6 +45,12 @@ case "$1" in
   decode-b1)  # issue 20: batch 1 at 1k first, with every kernel's bandwidth (split-K attention, PDL)
     run decode-b1 300 python "$ROOT/bench/decode.py" --batch 1 --ctx 1024 --peers reduce-overhead \
       --kernels --steps 100 --out "$OUT/decode-b1.json" ;;
+  variants)  # issue 20: the kernel variants of bench/h200_variants.py (config keys per kernel file), each
+    # checked against the peer and float32 and timed, alternated, against torch.compile at 1x1k, 32x8k,
+    # 8x1k, 64x1k, 1x8k (in that order, under the call's deadline)
+    run variants 560 python "$ROOT/bench/h200_variants.py" --deadline $((DEADLINE - SECONDS - 45)) \
+      --out "$OUT/variants.json"
+    sed -n '/^copy bandwidth .* at the start/,$p' "$OUT/variants.log" ;;  # the whole table, past the tail
   decode)  # issue 3: every decode point of the table (reduce-overhead, the best mode at batch 1 and 32)
     run decode 560 python "$ROOT/bench/decode.py" --batch 1 8 32 64 --ctx 1024 8192 --peers reduce-overhead \
       --steps 100 --out "$OUT/decode.json" ;;
