@@ -1,0 +1,985 @@
+"""Core ATen ops to IR ops: the table torch.export imports through (see torch_export.py).
+
+Each converter takes the importer and an fx node and returns the node's value: an IR value name, a
+torch tensor (a constant: the node depends on no input and no weight, so PyTorch computes it here),
+or a tuple of those for a multi-output op. Every IR value is checked against the dtype and shape the
+program's own metadata gives (`node.meta["val"]`); operands are cast to the dtype PyTorch computes
+in (type promotion), so the IR's same-dtype ops see what ATen computed. An ATen op outside `CONVERT`
+is refused by name, with the node that uses it.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from polymorph.errors import UserError
+from polymorph.ir.builder import GraphBuilder
+from polymorph.ir.dtypes import DType
+from polymorph.ir.graph import TensorType
+from polymorph.ir.ops import OpError, infer_node, normalize_attrs, op_def
+
+TORCH_TO_IR = {
+    torch.float32: DType.F32,
+    torch.bfloat16: DType.BF16,
+    torch.float16: DType.F16,
+    torch.int32: DType.I32,
+    torch.int64: DType.I64,
+    torch.bool: DType.BOOL,
+    torch.complex64: DType.C64,
+}
+IR_TO_TORCH = {v: k for k, v in TORCH_TO_IR.items()}
+
+
+class Unsupported(UserError):
+    """An ATen op, or a use of one, that the general op set does not cover."""
+
+
+class Absent:
+    """An output of a multi-output ATen op that the import does not produce (batch norm's saved
+    statistics, max pooling's indices): reading it is refused."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+def ir_dtype(dtype: torch.dtype, where: str) -> DType:
+    try:
+        return TORCH_TO_IR[dtype]
+    except KeyError:
+        raise Unsupported(
+            f"{where}: dtype {dtype} has no IR dtype (known: f32 bf16 f16 i32 i64 bool c64)"
+        ) from None
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    return t.numpy().copy()
+
+
+class Importer:
+    def __init__(self, program: Any, name: str, *, static: bool = False, dtype: DType | None = None) -> None:
+        self.program = program
+        self.b = GraphBuilder(name, meta={"source": "torch.export"})
+        self.types: dict[str, TensorType] = {}
+        self.weights: dict[str, np.ndarray] = {}
+        self.env: dict[Any, Any] = {}
+        self.input_names: list[str] = []
+        self.static = static
+        self.float_dtype = dtype  # every f32 of the program becomes this dtype (--dtype); None keeps f32
+        self.fx: Any = None  # the node being converted
+        self._count = 0
+        self._consts: dict[int, str] = {}
+
+    def ir_dtype(self, dtype: torch.dtype, where: str) -> DType:
+        d = ir_dtype(dtype, where)
+        return self.float_dtype if d == DType.F32 and self.float_dtype is not None else d
+
+    # --- the walk ------------------------------------------------------------------------------------
+
+    def run(self) -> Any:
+        sig = self.program.graph_signature
+        params = dict(sig.inputs_to_parameters)
+        buffers = dict(sig.inputs_to_buffers)
+        consts = dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})
+        state = self.program.state_dict
+        user_inputs = list(sig.user_inputs)
+        floats: list[DType] = []
+        for node in self.program.graph.nodes:
+            self.fx = node
+            if node.op == "placeholder":
+                if node.name in params or node.name in buffers:
+                    fqn = params.get(node.name) or buffers[node.name]
+                    tensor = state[fqn] if fqn in state else self.program.constants[fqn]
+                    self.env[node] = self.param(fqn, tensor)
+                elif node.name in consts:
+                    self.env[node] = self.program.constants[consts[node.name]].detach().clone()
+                elif node.name in user_inputs:
+                    self.env[node] = self.user_input(node)
+                    t = self.types[self.env[node]]
+                    if t.dtype.is_float:
+                        floats.append(t.dtype)
+                else:
+                    raise Unsupported(f"placeholder `{node.name}` is neither an input nor a weight")
+            elif node.op == "call_function":
+                self.env[node] = self.call(node)
+            elif node.op == "output":
+                self.outputs(node)
+        self.b.graph.meta["dtype"] = (floats[0] if floats else DType.F32).value
+        self.b.graph.meta["inputs"] = list(self.input_names)
+        return self.b.build(check=False)
+
+    def user_input(self, node: Any) -> str:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise Unsupported(
+                f"input `{node.name}` is {type(val).__name__}, not a tensor; export with tensors only"
+            )
+        shape = self.shape_of(val, f"input `{node.name}`")
+        dtype = self.ir_dtype(val.dtype, f"input `{node.name}`")
+        self.b.input(node.name, dtype, shape)
+        self.types[node.name] = TensorType(dtype, shape)
+        self.input_names.append(node.name)
+        return node.name
+
+    def shape_of(self, val: torch.Tensor, where: str) -> tuple[int, ...]:
+        dims = []
+        for d in val.shape:
+            if isinstance(d, int):
+                dims.append(d)
+            elif self.static:
+                dims.append(int(d.node.hint) if getattr(d.node, "hint", None) is not None else int(d))
+            else:
+                raise Unsupported(
+                    f"{where} has a dynamic dimension ({d}); the import is static today: export without "
+                    "dynamic_shapes, or pass static=True to import at the example shapes"
+                )
+        return tuple(dims)
+
+    def outputs(self, node: Any) -> None:
+        import torch.utils._pytree as pytree
+
+        for i, arg in enumerate(pytree.tree_leaves(node.args[0])):
+            if arg is None:
+                continue
+            value = self.value(arg)
+            if not isinstance(value, str):
+                value = self.materialize(value, None, f"output_{i}")
+            self.b.output(f"output_{i}", value)
+
+    def call(self, node: Any) -> Any:
+        if node.target is operator.getitem:
+            parent, index = node.args
+            got = self.env[parent][index]
+            if isinstance(got, Absent):
+                raise Unsupported(f"node `{node.name}` reads {got.what}, which the import does not compute")
+            return got
+        key = str(node.target)
+        if key in SKIP:
+            return None
+        args = [self.value(a) for a in node.args]
+        kwargs = {k: self.value(v) for k, v in node.kwargs.items()}
+        if self.constant_only(args, kwargs) or key in SHAPE_ONLY:
+            return self.fold(node, key)
+        convert = CONVERT.get(key)
+        if convert is None:
+            raise Unsupported(
+                f"ATen op `{key}` (node `{node.name}`) is outside polymorph's general op set; "
+                "see polymorph/ir/general_ops.py for the ops it imports"
+            )
+        # A constant tensor beside IR values becomes a const param, so converters see IR values only.
+        args = [self.lift(a) for a in args]
+        kwargs = {k: self.lift(v) for k, v in kwargs.items()}
+        try:
+            out = convert(self, node, args, kwargs)
+        except OpError as e:
+            raise Unsupported(f"node `{node.name}` ({key}): {e}") from None
+        if isinstance(out, str):
+            self.check(node, out)
+        return out
+
+    def constant_only(self, args: list[Any], kwargs: dict[str, Any]) -> bool:
+        import torch.utils._pytree as pytree
+
+        leaves = pytree.tree_leaves([args, kwargs])
+        return not any(isinstance(x, str) for x in leaves)
+
+    def fold(self, node: Any, key: str) -> torch.Tensor:
+        """The node computed by PyTorch now: every tensor it reads is a constant (a `*_like` op reads
+        only its argument's shape and dtype, so zeros of that kind stand in for an IR value)."""
+        import torch.utils._pytree as pytree
+
+        def real(x: Any) -> Any:
+            if isinstance(x, str):
+                t = self.types[x]
+                return torch.zeros(t.shape, dtype=IR_TO_TORCH[t.dtype])
+            return x
+
+        args = pytree.tree_map(real, [self.value(a) for a in node.args])
+        kwargs = pytree.tree_map(real, {k: self.value(v) for k, v in node.kwargs.items()})
+        with torch.no_grad():
+            out = node.target(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.dtype not in TORCH_TO_IR:
+            raise Unsupported(
+                f"node `{node.name}` ({key}) makes a {out.dtype} constant, which no IR dtype holds"
+            )
+        return out
+
+    def lift(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.materialize(value, None, "const")
+        if isinstance(value, list | tuple):
+            return type(value)(self.lift(v) for v in value)
+        return value
+
+    def value(self, arg: Any) -> Any:
+        import torch.fx
+
+        if isinstance(arg, torch.fx.Node):
+            return self.env[arg]
+        if isinstance(arg, list | tuple):
+            return type(arg)(self.value(a) for a in arg)
+        return arg
+
+    # --- emitting IR -----------------------------------------------------------------------------------
+
+    def node_name(self, suffix: str = "") -> str:
+        node = self.fx
+        stack = node.meta.get("nn_module_stack") or {}
+        path = ""
+        if stack:
+            path = list(stack.values())[-1][0]
+            path = re.sub(r"^L\['self'\]\.?|^L__self___", "", str(path))
+            path = re.sub(r"[^A-Za-z0-9_.]", "_", path).strip(".")
+        base = f"{path}.{node.name}" if path else node.name
+        if suffix:
+            self._count += 1
+            base = f"{base}.{suffix}{self._count}"
+        return base
+
+    def emit(self, op: str, inputs: Sequence[str], suffix: str = "", **attrs: Any) -> str:
+        name = self.node_name(suffix)
+        attrs = normalize_attrs(op_def(op), attrs)
+        from polymorph.ir.graph import Node
+
+        node = Node(name, op, tuple(inputs), (name,), attrs)
+        (t,) = infer_node(node, [self.types[v] for v in inputs])
+        self.b.graph.nodes.append(node)
+        self.types[name] = t
+        return name
+
+    def param(self, fqn: str, tensor: torch.Tensor) -> str:
+        dtype = self.ir_dtype(tensor.dtype, f"weight `{fqn}`")
+        shape = tuple(int(d) for d in tensor.shape)
+        self.b.param(fqn, dtype, shape)
+        self.types[fqn] = TensorType(dtype, shape)
+        self.weights[fqn] = _np(
+            tensor.to(IR_TO_TORCH[dtype]) if dtype != TORCH_TO_IR.get(tensor.dtype) else tensor
+        )
+        return fqn
+
+    def materialize(self, value: Any, dtype: DType | None, hint: str) -> str:
+        """A constant (tensor or Python scalar) as a const param of `dtype` (its own when None)."""
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if dtype is not None:
+                t = t.to(IR_TO_TORCH[dtype])
+        else:
+            if dtype is None:
+                dtype = (
+                    DType.BOOL
+                    if isinstance(value, bool)
+                    else DType.I64
+                    if isinstance(value, int)
+                    else DType.F32
+                )
+            t = torch.tensor(value, dtype=IR_TO_TORCH[dtype])
+        key = (
+            id(value) if isinstance(value, torch.Tensor) else hash((repr(value), repr(value.__class__))),
+            str(t.dtype),
+        )
+        if key in self._consts and isinstance(value, torch.Tensor):
+            return self._consts[key]
+        self._count += 1
+        name = f"const.{self.fx.name if self.fx is not None else hint}.{self._count}"
+        self.param(name, t)
+        if isinstance(value, torch.Tensor):
+            self._consts[key] = name
+        return name
+
+    def operand(self, value: Any, dtype: DType) -> str:
+        """`value` (IR value or constant) as an IR value of `dtype`."""
+        if not isinstance(value, str):
+            return self.materialize(value, dtype, "const")
+        if self.types[value].dtype != dtype:
+            return self.emit("cast", [value], "cast", dtype=dtype.value)
+        return value
+
+    def out_type(self, node: Any | None = None) -> TensorType:
+        node = node or self.fx
+        val = node.meta["val"]
+        if isinstance(val, list | tuple):
+            val = val[0]
+        return TensorType(
+            self.ir_dtype(val.dtype, f"node `{node.name}`"), self.shape_of(val, f"node `{node.name}`")
+        )
+
+    def check(self, node: Any, value: str) -> None:
+        want, got = self.out_type(node), self.types[value]
+        if want.shape != got.shape:
+            raise Unsupported(
+                f"node `{node.name}` ({node.target}): the import made {got}, PyTorch makes {want} (an import bug)"
+            )
+        if want.dtype != got.dtype:
+            self.env[node] = self.emit("cast", [value], "cast", dtype=want.dtype.value)
+
+    def reshape(self, value: str, shape: Sequence[int]) -> str:
+        if tuple(self.types[value].shape) == tuple(shape):
+            return value
+        return self.emit("reshape", [value], "reshape", shape=tuple(int(s) for s in shape))
+
+
+# --- converters --------------------------------------------------------------------------------------
+
+
+def promoted(*values: Any, imp: Importer) -> DType:
+    """The dtype PyTorch computes a binary op in (tensors by dtype and rank, scalars by kind)."""
+    proxies = []
+    for v in values:
+        if isinstance(v, str):
+            t = imp.types[v]
+            proxies.append(torch.empty((1,) * t.rank, dtype=IR_TO_TORCH[t.dtype]))
+        elif isinstance(v, torch.Tensor):
+            proxies.append(torch.empty((1,) * v.dim(), dtype=v.dtype))
+        else:
+            proxies.append(v)
+    dtype = proxies[0] if len(proxies) == 1 else None
+    if dtype is None:
+        result = torch.result_type(proxies[0], proxies[1])
+        for p in proxies[2:]:
+            result = torch.result_type(torch.empty(1, dtype=result), p)
+        return imp.ir_dtype(result, "type promotion")
+    return imp.ir_dtype(proxies[0].dtype, "type promotion")
+
+
+def _unary(op: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        return imp.emit(op, [imp.operand(args[0], imp.out_type().dtype)])
+
+    return convert
+
+
+def _gelu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return imp.emit(
+        "gelu", [args[0]], approximate=kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    )
+
+
+def _binary(op: str, alpha: bool = False, reverse: bool = False) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        a, b = args[0], args[1]
+        if reverse:
+            a, b = b, a
+        dtype = imp.out_type().dtype
+        scale = kwargs.get("alpha", args[2] if alpha and len(args) > 2 else 1)
+        x = imp.operand(a, dtype)
+        y = imp.operand(b, dtype)
+        if scale != 1:
+            y = imp.emit("mul", [y, imp.materialize(scale, dtype, "alpha")], "alpha")
+        return imp.emit(op, [x, y])
+
+    return convert
+
+
+def _compare(op: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        dtype = promoted(args[0], args[1], imp=imp)
+        return imp.emit(op, [imp.operand(args[0], dtype), imp.operand(args[1], dtype)])
+
+    return convert
+
+
+def _logical(op: str, bitwise: bool = False) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        if bitwise and imp.out_type().dtype != DType.BOOL:
+            raise Unsupported(
+                f"node `{node.name}` ({node.target}) on integers: bitwise ops are outside the op set"
+            )
+        return imp.emit(op, [imp.operand(args[0], DType.BOOL), imp.operand(args[1], DType.BOOL)])
+
+    return convert
+
+
+def _div_mode(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+    dtype = imp.out_type().dtype
+    y = imp.emit("div", [imp.operand(args[0], dtype), imp.operand(args[1], dtype)])
+    if mode is None or not dtype.is_float:
+        if mode == "trunc" and not dtype.is_float:
+            raise Unsupported(
+                f"node `{node.name}`: integer division rounding toward zero is outside the op set"
+            )
+        return y
+    return imp.emit("floor" if mode == "floor" else "trunc", [y], mode)
+
+
+def _clamp(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+    hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+    dtype = imp.out_type().dtype
+    x = imp.operand(args[0], dtype)
+    if lo is not None:
+        x = imp.emit("maximum", [x, imp.operand(lo, dtype)], "min")
+    if hi is not None:
+        x = imp.emit("minimum", [x, imp.operand(hi, dtype)], "max")
+    return x
+
+
+def _clamp_side(side: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        dtype = imp.out_type().dtype
+        return imp.emit(side, [imp.operand(args[0], dtype), imp.operand(args[1], dtype)])
+
+    return convert
+
+
+def _where(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    return imp.emit(
+        "where", [imp.operand(args[0], DType.BOOL), imp.operand(args[1], dtype), imp.operand(args[2], dtype)]
+    )
+
+
+def _dims(value: Any, rank: int) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value % rank,) if rank else ()
+    return tuple(int(d) % rank for d in value) if rank else ()
+
+
+def _reduce(op: str, dims_at: int | None = 1, keep_at: int | None = 2) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        x = args[0]
+        out = imp.out_type()
+        rank = imp.types[x].rank
+        dims = kwargs.get("dim", args[dims_at] if dims_at is not None and len(args) > dims_at else None)
+        keep = kwargs.get("keepdim", args[keep_at] if keep_at is not None and len(args) > keep_at else False)
+        if op in ("reduce_sum", "reduce_prod", "reduce_mean", "reduce_max", "reduce_min"):
+            x = imp.operand(x, out.dtype)
+        axes = _dims(dims, rank)
+        if rank == 0:
+            return imp.emit("reshape", [x], "scalar", shape=())
+        return imp.emit(op, [x], axes=axes or tuple(range(rank)), keepdims=bool(keep))
+
+    return convert
+
+
+def _var(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    rank = imp.types[x].rank
+    dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    correction = kwargs.get("correction", 1)
+    correction = 1 if correction is None else correction
+    keep = kwargs.get("keepdim", False)
+    return imp.emit("reduce_var", [imp.operand(x, imp.out_type().dtype)], axes=_dims(dims, rank) or tuple(range(rank)),
+                    keepdims=bool(keep), correction=float(correction))  # fmt: skip
+
+
+def _argmax(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    keep = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
+    if dim is None:
+        x = imp.reshape(x, (int(np.prod(imp.types[x].shape)),))
+        dim = 0
+    y = imp.emit("argmax", [x], axis=int(dim))
+    y = imp.emit("cast", [y], "i64", dtype="i64")
+    return imp.reshape(y, imp.out_type().shape) if keep else y
+
+
+def _cumsum(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    return imp.emit("cumsum", [imp.operand(args[0], dtype)], axis=int(args[1]))
+
+
+def _softmax(op: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        return imp.emit(op, [imp.operand(args[0], imp.out_type().dtype)], axis=int(args[1]))
+
+    return convert
+
+
+def _mm(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    a, b = imp.operand(args[0], dtype), imp.operand(args[1], dtype)
+    return imp.emit("cmatmul" if dtype == DType.C64 else "matmul", [a, b])
+
+
+def _addmm(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    bias, a, b = (imp.operand(v, dtype) for v in args[:3])
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    y = imp.emit("cmatmul" if dtype == DType.C64 else "matmul", [a, b], "mm")
+    if alpha != 1:
+        y = imp.emit("mul", [y, imp.materialize(alpha, dtype, "alpha")], "alpha")
+    if beta != 1:
+        bias = imp.emit("mul", [bias, imp.materialize(beta, dtype, "beta")], "beta")
+    return imp.emit("add", [y, bias])
+
+
+def _ints(v: Any, n: int) -> tuple[int, ...]:
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) == 1 and n > 1:
+        v = v * n
+    return tuple(int(x) for x in v)
+
+
+def _convolution(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = args[:9]
+    if transposed:
+        raise Unsupported(f"node `{node.name}`: transposed convolution is outside the op set (conv only)")
+    n = imp.types[w].rank - 2
+    dtype = imp.out_type().dtype
+    inputs = [imp.operand(x, dtype), imp.operand(w, dtype)] + (
+        [imp.operand(b, dtype)] if b is not None else []
+    )
+    return imp.emit("conv", inputs, stride=_ints(stride, n), padding=_ints(padding, n), dilation=_ints(dilation, n),
+                    groups=int(groups))  # fmt: skip
+
+
+def _pool_attrs(args: list, n: int, start: int = 1) -> tuple[tuple[int, ...], ...]:
+    kernel = _ints(args[start], n)
+    stride = args[start + 1] if len(args) > start + 1 and args[start + 1] else kernel
+    padding = args[start + 2] if len(args) > start + 2 else 0
+    return kernel, _ints(stride, n), _ints(padding, n)
+
+
+def _max_pool(n: int) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+        kernel, stride, padding = _pool_attrs(args, n)
+        dilation = _ints(args[4] if len(args) > 4 else 1, n)
+        ceil = bool(args[5]) if len(args) > 5 else False
+        y = imp.emit("max_pool", [args[0]], kernel=kernel, stride=stride, padding=padding, dilation=dilation,
+                     ceil_mode=ceil)  # fmt: skip
+        imp.check(node, y)
+        return (y, Absent("max pooling's indices"))
+
+    return convert
+
+
+def _avg_pool(n: int) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        kernel, stride, padding = _pool_attrs(args, n)
+        ceil = bool(args[4]) if len(args) > 4 else False
+        include = bool(args[5]) if len(args) > 5 else True
+        divisor = args[6] if len(args) > 6 and args[6] is not None else 0
+        return imp.emit("avg_pool", [args[0]], kernel=kernel, stride=stride, padding=padding, ceil_mode=ceil,
+                        count_include_pad=include, divisor=int(divisor))  # fmt: skip
+
+    return convert
+
+
+def _adaptive_avg_pool(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    out = imp.out_type().shape
+    n = len(args[1])
+    sizes = imp.types[x].shape[-n:]
+    if any(s % o for s, o in zip(sizes, out[-n:], strict=True)):
+        raise Unsupported(f"node `{node.name}`: adaptive pooling to sizes that do not divide the input")
+    kernel = tuple(int(s // o) for s, o in zip(sizes, out[-n:], strict=True))
+    return imp.emit("avg_pool", [x], kernel=kernel, stride=kernel, padding=(0,) * n)
+
+
+def _upsample(mode: str, n: int) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        x = args[0]
+        out = imp.out_type().shape
+        size = tuple(int(s) for s in out[-n:])
+        align = bool(args[2]) if mode == "linear" and len(args) > 2 and args[2] is not None else False
+        scales = (
+            args[-1]
+            if isinstance(args[-1], list | tuple) and args[-1] and isinstance(args[-1][0], float)
+            else None
+        )
+        if scales:
+            sizes_in = imp.types[x].shape[-n:]
+            if any(abs(1.0 / s - i / o) > 1e-12 for s, i, o in zip(scales, sizes_in, size, strict=True)):
+                raise Unsupported(
+                    f"node `{node.name}`: a scale factor whose output size is not input * factor"
+                )
+        return imp.emit("resize", [x], size=size, mode=mode, align_corners=align)
+
+    return convert
+
+
+def _layer_norm(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    x, shape, w, b, eps = args[:5]
+    dtype = imp.out_type().dtype
+    params = [imp.operand(p, dtype) for p in (w, b) if p is not None]
+    if len(shape) == 1 and w is not None and b is not None:
+        y = imp.emit("layernorm", [x, *params], eps=float(eps))
+    else:
+        if w is None and b is not None:
+            params = [imp.materialize(torch.ones(tuple(shape)), dtype, "w"), *params]
+        y = imp.emit("layer_norm", [x, *params], dims=len(shape), eps=float(eps))
+    imp.check(node, y)
+    return (y, Absent("layer norm's mean"), Absent("layer norm's rstd"))
+
+
+def _group_norm(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    x, w, b, _, c, _, groups, eps = args[:8]
+    dtype = imp.out_type().dtype
+    if w is None and b is not None:
+        w = torch.ones(c)
+    params = [imp.operand(p, dtype) for p in (w, b) if p is not None]
+    y = imp.emit("group_norm", [x, *params], groups=int(groups), eps=float(eps))
+    imp.check(node, y)
+    return (y, Absent("group norm's mean"), Absent("group norm's rstd"))
+
+
+def _batch_norm(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    x, w, b, mean, var, _, eps = args[:7]
+    c = imp.types[x].shape[1]
+    dtype = imp.out_type().dtype
+    w = torch.ones(c) if w is None else w
+    b = torch.zeros(c) if b is None else b
+    y = imp.emit("batch_norm", [x, *(imp.operand(p, dtype) for p in (w, b, mean, var))], eps=float(eps))
+    imp.check(node, y)
+    return (y, Absent("batch norm's saved mean"), Absent("batch norm's saved rstd"))
+
+
+def _embedding(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return imp.emit("embedding", [args[0], args[1]])
+
+
+def _index_select(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, idx = args
+    return imp.emit("index_select", [x, imp.operand(idx, DType.I64)], axis=int(dim))
+
+
+def _gather(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, idx = args[:3]
+    return imp.emit("gather", [x, imp.operand(idx, DType.I64)], axis=int(dim))
+
+
+def _scatter_add(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, idx, src = args
+    dtype = imp.out_type().dtype
+    return imp.emit("scatter_add", [imp.operand(x, dtype), imp.operand(idx, DType.I64), imp.operand(src, dtype)],
+                    axis=int(dim))  # fmt: skip
+
+
+def _index_add(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, idx, src = args[:4]
+    alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+    dtype = imp.out_type().dtype
+    src = imp.operand(src, dtype)
+    if alpha != 1:
+        src = imp.emit("mul", [src, imp.materialize(alpha, dtype, "alpha")], "alpha")
+    return imp.emit("index_add", [imp.operand(x, dtype), imp.operand(idx, DType.I64), src], axis=int(dim))
+
+
+def _single_index(node: Any, indices: Sequence[Any]) -> tuple[int, Any]:
+    present = [(i, v) for i, v in enumerate(indices) if v is not None]
+    if len(present) != 1:
+        raise Unsupported(f"node `{node.name}` ({node.target}): indexing with {len(present)} index tensors "
+                          "(one is imported: index_select / index_add)")  # fmt: skip
+    return present[0]
+
+
+def _index_put(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, indices, values = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    axis, idx = _single_index(node, indices)
+    if not accumulate:
+        raise Unsupported(f"node `{node.name}`: index_put without accumulate is outside the op set")
+    idx_v = imp.operand(idx, DType.I64)
+    t = imp.types[x]
+    if imp.types[idx_v].rank != 1:
+        raise Unsupported(f"node `{node.name}`: index_put with a {imp.types[idx_v].rank}-d index")
+    want = (*t.shape[:axis], imp.types[idx_v].shape[0], *t.shape[axis + 1 :])
+    dtype = imp.out_type().dtype
+    src = imp.operand(values, dtype)
+    if imp.types[src].shape != want:
+        src = imp.reshape(src, (1,) * (len(want) - imp.types[src].rank) + tuple(imp.types[src].shape))
+        src = imp.emit("expand", [src], "expand", shape=want)
+    return imp.emit("index_add", [imp.operand(x, dtype), idx_v, src], axis=axis)
+
+
+def _index(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, indices = args
+    axis, idx = _single_index(node, indices)
+    idx_v = (
+        imp.operand(idx, DType.I64)
+        if not (isinstance(idx, str) and imp.types[idx].dtype == DType.BOOL)
+        else None
+    )
+    if idx_v is None:
+        raise Unsupported(f"node `{node.name}`: boolean-mask indexing (data-dependent shape)")
+    it = imp.types[idx_v]
+    flat = imp.reshape(idx_v, (int(np.prod(it.shape)),)) if it.rank != 1 else idx_v
+    y = imp.emit("index_select", [x, flat], axis=axis)
+    return imp.reshape(y, imp.out_type().shape)
+
+
+def _cat(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    tensors = args[0]
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+    dtype = imp.out_type().dtype
+    values = [imp.operand(t, dtype) for t in tensors]
+    values = [v for v in values if 0 not in imp.types[v].shape]  # torch.cat skips empty operands
+    if len(values) == 1:
+        return values[0]
+    return imp.emit("concat", values, axis=int(dim) % imp.types[values[0]].rank)
+
+
+def _slice_bounds(size: int, start: Any, end: Any) -> tuple[int, int]:
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    lo, hi, _ = slice(start, end).indices(size)
+    return lo, max(hi, lo)
+
+
+def _slice(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    dim = int(args[1]) if len(args) > 1 else 0
+    t = imp.types[x]
+    dim %= t.rank
+    lo, hi = _slice_bounds(
+        int(t.shape[dim]), args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None
+    )
+    step = int(args[4]) if len(args) > 4 else 1
+    if lo == 0 and hi == t.shape[dim] and step == 1:
+        return x
+    if hi <= lo:
+        raise Unsupported(f"node `{node.name}`: an empty slice")
+    if step == 1:
+        return imp.emit("slice", [x], axis=dim, start=lo, end=hi)
+    return imp.emit("strided_slice", [x], axis=dim, start=lo, end=hi, step=step)
+
+
+def _select(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, index = args
+    t = imp.types[x]
+    dim %= t.rank
+    index %= int(t.shape[dim])
+    y = imp.emit("slice", [x], "select", axis=dim, start=index, end=index + 1)
+    return imp.reshape(y, imp.out_type().shape)
+
+
+def _view(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return imp.reshape(args[0], imp.out_type().shape)
+
+
+def _permute(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    rank = imp.types[x].rank
+    perm = tuple(int(p) % rank for p in args[1])
+    if perm == tuple(range(rank)):
+        return x
+    return imp.emit("transpose", [x], perm=perm)
+
+
+def _transpose(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    rank = imp.types[x].rank
+    a, b = (int(args[1]) % rank, int(args[2]) % rank) if len(args) > 1 else (0, 1)
+    perm = list(range(rank))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(imp, node, [x, perm], {})
+
+
+def _expand(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    out = imp.out_type().shape
+    t = imp.types[x]
+    if tuple(t.shape) == tuple(out):
+        return x
+    x = imp.reshape(x, (1,) * (len(out) - t.rank) + tuple(t.shape))
+    if tuple(imp.types[x].shape) == tuple(out):
+        return x
+    return imp.emit("expand", [x], shape=out)
+
+
+def _repeat(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, reps = args[0], [int(r) for r in args[1]]
+    t = imp.types[x]
+    shape = (1,) * (len(reps) - t.rank) + tuple(int(d) for d in t.shape)
+    x = imp.reshape(x, shape)
+    # tile: [r0, d0, r1, d1, ...] broadcast, then merged pairwise
+    inter = tuple(v for d in shape for v in (1, d))
+    big = tuple(v for r, d in zip(reps, shape, strict=True) for v in (r, d))
+    x = imp.reshape(x, inter)
+    if big != inter:
+        x = imp.emit("expand", [x], "tile", shape=big)
+    return imp.reshape(x, imp.out_type().shape)
+
+
+def _identity(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return args[0]
+
+
+def _to_copy(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return imp.operand(args[0], imp.out_type().dtype)
+
+
+def _copy(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dst, src = args[:2]
+    out = imp.out_type()
+    src = imp.operand(src, out.dtype)
+    return _expand(imp, node, [src], {})
+
+
+def _slice_scatter(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, src = args[:2]
+    dim = int(kwargs.get("dim", args[2] if len(args) > 2 else 0))
+    dtype = imp.out_type().dtype
+    x, src = imp.operand(x, dtype), imp.operand(src, dtype)
+    t = imp.types[x]
+    dim %= t.rank
+    lo, hi = _slice_bounds(int(t.shape[dim]), kwargs.get("start", args[3] if len(args) > 3 else None),
+                           kwargs.get("end", args[4] if len(args) > 4 else None))  # fmt: skip
+    step = int(kwargs.get("step", args[5] if len(args) > 5 else 1))
+    return imp.emit("slice_scatter", [x, src], axis=dim, start=lo, end=hi, step=step)
+
+
+def _select_scatter(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, src, dim, index = args
+    dtype = imp.out_type().dtype
+    x = imp.operand(x, dtype)
+    t = imp.types[x]
+    dim %= t.rank
+    index %= int(t.shape[dim])
+    src = imp.reshape(imp.operand(src, dtype), (*t.shape[:dim], 1, *t.shape[dim + 1 :]))
+    return imp.emit("slice_scatter", [x, src], axis=dim, start=index, end=index + 1, step=1)
+
+
+def _unfold(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, dim, size, step = args
+    t = imp.types[x]
+    dim %= t.rank
+    count = (int(t.shape[dim]) - size) // step + 1
+    pieces = []
+    for i in range(count):  # window i as [*, 1, size, *] along dim
+        s = imp.emit("slice", [x], "window", axis=dim, start=i * step, end=i * step + size)
+        pieces.append(imp.reshape(s, (*t.shape[:dim], 1, size, *t.shape[dim + 1 :])))
+    y = pieces[0] if count == 1 else imp.emit("concat", pieces, "windows", axis=dim)
+    perm = [*range(dim + 1), *range(dim + 2, t.rank + 1), dim + 1]  # the window's axis goes last
+    return imp.emit("transpose", [y], perm=tuple(perm))
+
+
+def _constant_pad(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, pad = args[0], list(args[1])
+    value = args[2] if len(args) > 2 else 0
+    if any(p < 0 for p in pad):
+        raise Unsupported(f"node `{node.name}`: negative padding (cropping)")
+    out = imp.out_type()
+    y = imp.materialize(torch.full(out.shape, value, dtype=IR_TO_TORCH[out.dtype]), out.dtype, "pad")
+    t = imp.types[x]
+    # pad lists (left, right) pairs from the last dim backwards: x goes into the filled box at the lefts
+    starts = {t.rank - 1 - i: int(pad[2 * i]) for i in range(len(pad) // 2)}
+    return _scatter_box(imp, y, x, starts)
+
+
+def _scatter_box(imp: Importer, box: str, x: str, starts: dict[int, int]) -> str:
+    """`x` written into `box` at offsets `starts` (axis -> offset), one slice_scatter per axis."""
+    bt, xt = imp.types[box], imp.types[x]
+    axes = sorted(a for a in starts if starts[a] or xt.shape[a] != bt.shape[a])
+    if not axes:
+        return x
+
+    # Innermost first: build the slab of box that x's region spans on the other axes.
+    def region(value: str, upto: int) -> str:
+        for a in axes[:upto]:
+            value = imp.emit(
+                "slice", [value], "pad", axis=a, start=starts[a], end=starts[a] + int(xt.shape[a])
+            )
+        return value
+
+    inner = x
+    for k in reversed(range(len(axes))):
+        a = axes[k]
+        outer = region(box, k)
+        start = starts[a]
+        inner = imp.emit(
+            "slice_scatter", [outer, inner], "pad", axis=a, start=start, end=start + int(xt.shape[a])
+        )
+    return inner
+
+
+def _fft(op: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        x, dim, norm, last = args[:4]
+        rank = imp.types[x].rank
+        axes = tuple(int(d) % rank for d in dim)
+        names = {0: "none", 1: "sqrt", 2: "n"}
+        if op == "fft_r2c":
+            return imp.emit(
+                op, [imp.operand(x, DType.F32)], axes=axes, norm=names[int(norm)], onesided=bool(last)
+            )
+        if op == "fft_c2r":
+            return imp.emit(op, [x], axes=axes, norm=names[int(norm)], last_size=int(last))
+        return imp.emit(op, [x], axes=axes, norm=names[int(norm)], forward=bool(last))
+
+    return convert
+
+
+SKIP = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+                  "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"})  # fmt: skip
+# Ops whose result depends only on their tensor arguments' shapes and dtypes: always constants.
+SHAPE_ONLY = frozenset({"aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default",
+                        "aten.empty_like.default", "aten.scalar_tensor.default", "aten.full.default",
+                        "aten.arange.start_step", "aten.arange.default", "aten.empty.memory_format",
+                        "aten.zeros.default", "aten.ones.default"})  # fmt: skip
+
+_UNARY = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "erf",
+          "reciprocal", "floor", "ceil", "round", "trunc", "sign", "log1p", "expm1", "silu", "logical_not"]  # fmt: skip
+
+CONVERT: dict[str, Callable[..., Any]] = {
+    **{f"aten.{op}.default": _unary(op) for op in _UNARY},
+    "aten.gelu.default": _gelu,
+    "aten.add.Tensor": _binary("add", alpha=True), "aten.add.Scalar": _binary("add", alpha=True),
+    "aten.sub.Tensor": _binary("sub", alpha=True), "aten.sub.Scalar": _binary("sub", alpha=True),
+    "aten.rsub.Scalar": _binary("sub", reverse=True), "aten.rsub.Tensor": _binary("sub", reverse=True),
+    "aten.mul.Tensor": _binary("mul"), "aten.mul.Scalar": _binary("mul"),
+    "aten.div.Tensor": _binary("div"), "aten.div.Scalar": _binary("div"),
+    "aten.div.Tensor_mode": _div_mode, "aten.div.Scalar_mode": _div_mode,
+    "aten.pow.Tensor_Scalar": _binary("pow"), "aten.pow.Tensor_Tensor": _binary("pow"),
+    "aten.pow.Scalar": _binary("pow"),
+    "aten.maximum.default": _binary("maximum"), "aten.minimum.default": _binary("minimum"),
+    "aten.remainder.Tensor": _binary("remainder"), "aten.remainder.Scalar": _binary("remainder"),
+    "aten.clamp.default": _clamp, "aten.clamp.Tensor": _clamp,
+    "aten.clamp_min.default": _clamp_side("maximum"), "aten.clamp_max.default": _clamp_side("minimum"),
+    "aten.logical_and.default": _logical("logical_and"), "aten.logical_or.default": _logical("logical_or"),
+    "aten.logical_xor.default": _logical("logical_xor"),
+    "aten.bitwise_and.Tensor": _logical("logical_and", True), "aten.bitwise_or.Tensor": _logical("logical_or", True),
+    "aten.bitwise_xor.Tensor": _logical("logical_xor", True),
+    **{f"aten.{op}.{kind}": _compare(op) for op in ("eq", "ne", "lt", "le", "gt", "ge") for kind in ("Tensor", "Scalar")},
+    "aten.where.self": _where,
+    "aten.sum.dim_IntList": _reduce("reduce_sum"), "aten.sum.default": _reduce("reduce_sum", None, None),
+    "aten.mean.dim": _reduce("reduce_mean"), "aten.mean.default": _reduce("reduce_mean", None, None),
+    "aten.amax.default": _reduce("reduce_max"), "aten.amin.default": _reduce("reduce_min"),
+    "aten.prod.dim_int": _reduce("reduce_prod"), "aten.prod.default": _reduce("reduce_prod", None, None),
+    "aten.any.dim": _reduce("reduce_any"), "aten.any.dims": _reduce("reduce_any"),
+    "aten.any.default": _reduce("reduce_any", None, None),
+    "aten.all.dim": _reduce("reduce_all"), "aten.all.default": _reduce("reduce_all", None, None),
+    "aten.var.correction": _var, "aten.argmax.default": _argmax,
+    "aten.cumsum.default": _cumsum,
+    "aten._softmax.default": _softmax("softmax"), "aten._log_softmax.default": _softmax("log_softmax"),
+    "aten.mm.default": _mm, "aten.bmm.default": _mm, "aten.addmm.default": _addmm,
+    "aten.convolution.default": _convolution,
+    "aten.max_pool2d_with_indices.default": _max_pool(2), "aten.max_pool3d_with_indices.default": _max_pool(3),
+    "aten.avg_pool1d.default": _avg_pool(1), "aten.avg_pool2d.default": _avg_pool(2),
+    "aten.avg_pool3d.default": _avg_pool(3),
+    "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool, "aten._adaptive_avg_pool3d.default": _adaptive_avg_pool,
+    "aten.upsample_nearest1d.vec": _upsample("nearest", 1), "aten.upsample_nearest2d.vec": _upsample("nearest", 2),
+    "aten.upsample_nearest3d.vec": _upsample("nearest", 3), "aten.upsample_linear1d.vec": _upsample("linear", 1),
+    "aten.upsample_bilinear2d.vec": _upsample("linear", 2), "aten.upsample_trilinear3d.vec": _upsample("linear", 3),
+    "aten.native_layer_norm.default": _layer_norm, "aten.native_group_norm.default": _group_norm,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm,
+    "aten.embedding.default": _embedding, "aten.index_select.default": _index_select,
+    "aten.gather.default": _gather, "aten.scatter_add.default": _scatter_add,
+    "aten.index_add.default": _index_add, "aten.index_put.default": _index_put, "aten.index.Tensor": _index,
+    "aten.cat.default": _cat, "aten.slice.Tensor": _slice, "aten.select.int": _select,
+    **{f"aten.{op}": _view for op in ("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",
+                                      "squeeze.dim", "squeeze.dims", "squeeze.default", "flatten.using_ints")},
+    "aten.permute.default": _permute, "aten.t.default": _transpose, "aten.transpose.int": _transpose,
+    "aten.expand.default": _expand, "aten.repeat.default": _repeat,
+    **{f"aten.{op}": _identity for op in ("clone.default", "alias.default", "contiguous.default",
+                                          "lift_fresh_copy.default", "detach.default")},
+    "aten._to_copy.default": _to_copy, "aten.copy.default": _copy,
+    "aten.slice_scatter.default": _slice_scatter, "aten.select_scatter.default": _select_scatter,
+    "aten.unfold.default": _unfold, "aten.constant_pad_nd.default": _constant_pad,
+    "aten._fft_r2c.default": _fft("fft_r2c"), "aten._fft_c2r.default": _fft("fft_c2r"),
+    "aten._fft_c2c.default": _fft("fft_c2c"),
+}  # fmt: skip
