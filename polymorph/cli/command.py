@@ -10,7 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from polymorph.cli import console
 from polymorph.errors import CheckFailed, MissingDependency, UserError
@@ -232,8 +231,12 @@ def _prompt_tokens(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from polymorph import api
+    from polymorph.cli import tensors
     from polymorph.knobs import knobs
     from polymorph.serving.session import Sampler
+
+    if tensors.is_program(args.model) or args.inputs is not None or args.outputs is not None:
+        return tensors.cmd_run_program(args)  # tensors in and out (a torch.export .pt2 file)
 
     prompt, tokenizer = _prompt_tokens(args)
     compiled = (Path(args.model) / "plan.json").exists()
@@ -257,7 +260,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from polymorph import api
+    from polymorph.cli import tensors
     from polymorph.knobs import knobs
+
+    if tensors.is_program(args.model):
+        return tensors.cmd_verify_program(args)  # against the program run by PyTorch
 
     backend = args.backend or knobs.backend
     model = api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
@@ -284,300 +291,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-_DEMO_CANDIDATE = '''"""A candidate kernel for `linear+residual` (residual + x @ w^T), written by `polymorph demo` and
-hot-swapped into a running engine: torch.addmm writes straight into the output buffer, and the
-weight's f32 transpose is kept between calls (the stock kernel, kernels/torch/linear_residual.py,
-makes a temporary and copies it). Edit it and try it yourself:
-polymorph engine swap GROUP THIS_FILE --engine ADDR (ADDR from `polymorph engine start MODEL`)."""
-
-import torch
-
-IMPLEMENTS = "linear+residual"
-CONFIGS = [{}]
-
-
-def supports(spec):
-    lin, add = spec.node("linear"), spec.node("add")
-    return len(lin.inputs) == 2 and spec.types[add.outputs[0]].shape == spec.types[lin.outputs[0]].shape
-
-
-def build(spec, config, target):
-    lin, add = spec.node("linear"), spec.node("add")
-    x_i, w_i = spec.args(lin)
-    res_i = spec.inputs.index(next(v for v in add.inputs if v != lin.outputs[0]))
-    cached = {}
-
-    def launch(inputs, outputs, scratch):
-        x, w, r = inputs[x_i], inputs[w_i], inputs[res_i]
-        key = (w.data_ptr(), w._version)  # a weight changed in place is read again
-        if key not in cached:
-            cached.clear()
-            cached[key] = w.float().t().contiguous()
-        out = outputs[0]
-        args = (r.reshape(-1, r.shape[-1]).float(), x.reshape(-1, x.shape[-1]).float(), cached[key])
-        if out.dtype == torch.float32 and out.is_contiguous():
-            torch.addmm(*args, out=out.view(-1, out.shape[-1]))
-        else:
-            out.copy_(torch.addmm(*args).reshape(out.shape))
-
-    return launch
-'''
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    import threading
-    import time
+    from polymorph.cli.demo import run_demo
 
-    from polymorph.cli.outdir import claim_out
-    from polymorph.models import load_model
-    from polymorph.pipeline.backend import registry
-    from polymorph.search.tune import parse_budget
-
-    t0 = time.perf_counter()
-    budget_s = parse_budget(args.budget)
-    out = claim_out(args.out, "demo", force=args.force)  # a user's folder is refused before any work
-    model = load_model(args.model)
-    registry.available()  # discovered here, once: the engine's thread looks backends up too
-    # The hot swap's engine takes some seconds to load its sandboxed worker, so it loads while the
-    # compiles run, from a thread that lives until the engine is closed (the sandbox dies with the
-    # thread that started it: PR_SET_PDEATHSIG, polymorph/engine/sandbox.py).
-    engine_box: dict[str, Any] = {}
-    engine_ready, engine_done = threading.Event(), threading.Event()
-
-    def hold_engine() -> None:
-        from polymorph.engine.controller import Controller
-
-        started = time.perf_counter()
-        try:
-            engine_box["engine"] = Controller.start(args.model, "cpu")
-        except Exception as e:  # reported at step 5, in one line
-            engine_box["error"] = e
-        engine_box["start_s"] = time.perf_counter() - started
-        engine_ready.set()
-        engine_done.wait()
-        if "engine" in engine_box:
-            engine_box["engine"].close()
-
-    holder = threading.Thread(target=hold_engine, name="polymorph-demo-engine", daemon=True)
-    background: dict[str, Any] = {"start_engine": holder.start}
-    try:
-        return _demo_steps(args, out, model, budget_s, engine_box, engine_ready, background, t0)
-    finally:
-        engine_done.set()
-        if holder.ident is not None:
-            holder.join(timeout=60)
-        tune_proc = background.get("tune")
-        if tune_proc is not None and tune_proc.poll() is None:  # the demo stopped early
-            tune_proc.kill()
-            tune_proc.wait()
-
-
-def _demo_steps(args: argparse.Namespace, out: Path, model: Any, budget_s: float, engine_box: dict[str, Any],
-                engine_ready: Any, background: dict[str, Any], t0: float) -> int:  # fmt: skip
-    """`polymorph demo` once its folder is claimed: the steps, in order; the engine and the tune start
-    early, in the background (`background`: their starter, then the tune's process)."""
-    import math
-    import re
-    import shutil
-    import subprocess
-    import time
-
-    from polymorph import api
-    from polymorph.cli import report_table
-    from polymorph.cli.outdir import manifest_command
-    from polymorph.models import load_model
-    from polymorph.pipeline.backend import registry
-    from polymorph.serving.session import Sampler
-
-    name, random_weights = model.name, model.checkpoint is None
-
-    def took(since: float) -> str:
-        return console.seconds(time.perf_counter() - since)
-
-    def short(text: str, width: int = 100) -> str:
-        return text if len(text) <= width else text[: width - 3] + "..."
-
-    # Step 6 starts first: a short tune, in a process of its own (`polymorph tune`), whose engines take
-    # most of its time to load; it loads while steps 1-5 run, and its output is shown at step 6.
-    tune_out = out / "tune"
-    if manifest_command(tune_out) == "tune":  # the previous demo's tune: each demo tunes afresh
-        shutil.rmtree(tune_out)
-    tune_args = [args.model, "--backend", "cpu", "--budget", args.budget, "--out", str(tune_out)]
-    tune_files = ["--board", str(tune_out / "board.sqlite"), "--registry", str(tune_out / "registry.sqlite")]
-    tune_log = out / "tune-output.txt"
-    with open(tune_log, "w") as log:
-        background["tune"] = subprocess.Popen(
-            [sys.executable, "-m", "polymorph", "tune", *tune_args, *tune_files],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    tune_started = time.perf_counter()
-
-    if random_weights:
-        console.line(
-            f"polymorph demo: {name} with seeded random weights (POLYMORPH_SEED), so nothing is downloaded. It "
-            "has a real Llama's architecture at toy size but has learned nothing: the tokens it generates "
-            "mean nothing and repeat (greedy decoding keeps picking the few tokens random weights favour). "
-            "What counts is that every backend computes the reference engine's numbers."
-        )
-    else:
-        console.line(f"polymorph demo: {name}, weights from {model.checkpoint}")
-    console.line(f"output folder: {out}/ (kept; only a later demo writes into it again)")
-
-    # 1. the graph: its size, and one layer node by node
-    g = model.graph
-    types = g.types()
-    layers = {n.name.split(".")[1] for n in g.nodes if n.name.startswith("layers.")}
-    n_params = sum(math.prod(int(d) for d in t.shape) for t in g.params.values())
-    console.line(
-        f"\n1. the graph: {len(g.nodes)} nodes in {len(layers)} layers, {len(g.params)} weights "
-        f"({n_params:,} parameters), {len(g.state)} state tensors (the paged KV cache); layer 0:"
-    )
-    for n in g.nodes:
-        if n.name.startswith("layers.0."):
-            outs = ", ".join(str(types[o]) for o in n.outputs)
-            ins = ", ".join(v.removeprefix("model.").removeprefix("layers.0.") for v in n.inputs)
-            console.line(f"   {n.name.removeprefix('layers.0.'):<16} {outs} = {n.op}({ins})")
-    console.line(f"   all of it: polymorph graph {args.model}")
-
-    # 2-3. cpu: compile, run, verify against the reference engine
-    since = time.perf_counter()
-    cpu_out = out / "cpu"
-    artifact = api.compile(model, "cpu", out=cpu_out)
-    background["start_engine"]()  # after the cpu compile: the compile caches it reads are filled
-    gen = api.run(cpu_out, [1, 2, 3, 4], new_tokens=8, sampler=Sampler())
-    console.line(
-        f"\n2. compiled for cpu: {len(artifact.plan.groups)} kernels -> {cpu_out}/; ran it greedily: prompt "
-        f"[1, 2, 3, 4] -> {gen.tokens}" + (" (random weights: repeats expected)" if random_weights else "")
-        + f"; {gen.tokens_per_s:.0f} tokens/s ({took(since)})"
-    )  # fmt: skip
-    since = time.perf_counter()
-    result = api.verify(model, "cpu")
-    console.table(
-        f"3. verify: cpu logits against the reference engine (numpy) on fresh random tokens, rtol "
-        f"{result.tolerance.rtol}, atol {result.tolerance.atol} ({took(since)})",
-        ["step", "result", "max abs err", "out of tolerance"],
-        [(s.step, (s.note or "ok") if s.comparison.ok else "MISMATCH", f"{s.comparison.max_abs:.2g}",
-          f"{s.comparison.mismatched}/{s.comparison.total}") for s in result.steps],
-    )  # fmt: skip
-    failed = [] if result.ok else ["verify: the cpu logits do not match the reference engine's"]
-
-    # 4. the same graph for three more chips, none of them here
-    bucket = api.pick_bucket(None, None, None)
-    console.line(
-        f"\n4. the same graph for three more chips, compiled here without them; predicted times are for one "
-        f"decode step at batch {bucket.batch}, context {bucket.ctx}:"
-    )
-    missing: list[tuple[str, str]] = []  # (chip, why not)
-    for backend, chip in (("cuda", "h200"), ("rocm", "mi355x"), ("neuron", "trn2")):
-        probe = registry.get(backend).probe()
-        if not probe.compile.ok:
-            missing.append((chip, probe.compile.reason))
-            continue
-        since = time.perf_counter()
-        try:
-            m = load_model(args.model, dtype=_default_dtype(backend))
-            a = api.compile(m, backend, chip, out=out / chip)
-        except UserError as e:  # an optional cross-compile: one warning line, the demo goes on
-            console.warn(f"{backend} for {chip}: not compiled: {e}")
-            continue
-        r = a.report
-        head = f"{chip} ({r.target}): {len(r.kernels)} kernels -> {out / chip}/ ({took(since)})"
-        basis = short(re.sub(r"/\S*/", "", r.prediction.split(" (")[0]), 90)  # the files by name only
-        if any(report_table.registers(k.resources or {}) != "-" for k in r.kernels):
-            report_table.print_kernels(r, head)
-            console.line(f"   predicted step {console.seconds(r.predicted_step_s)} ({basis})")
-        else:  # no per-kernel resources to show (XLA compiles the whole step as one program)
-            console.line(f"   {head}; predicted step {console.seconds(r.predicted_step_s)} ({basis})")
-        for w in r.warnings:
-            console.warn(w)
-    if missing:
-        extras = sorted({x for _, why in missing for x in re.findall(r"polymorph\[([\w-]+)\]", why)})
-        chips = ", ".join(chip for chip, _ in missing)
-        if extras and all("polymorph[" in why for _, why in missing):
-            console.line(
-                f"   not compiled here: {chips}; to compile them: pip install 'polymorph[{','.join(extras)}]'"
-            )
-        else:
-            for chip, why in missing:
-                console.line(f"   {chip}: not compiled here: {why}")
-
-    # 5. a hot swap into the running engine: the candidate runs in a sandboxed worker, every gate runs
-    engine_ready.wait()
-    engine = engine_box.pop("engine", None)
-    groups = [gr.id for gr in artifact.plan.groups if gr.pattern == "linear+residual"]
-    group = next((gid for gid in groups if "mlp.down" in gid), groups[0] if groups else None)
-    if engine is None:
-        console.warn(f"hot swap skipped: the engine did not start: {engine_box.get('error')}")
-    elif group is None:
-        engine.close()
-        console.line("\n5. hot swap skipped: the plan has no linear+residual group for the demo's candidate")
-    else:
-        try:
-            since = time.perf_counter()
-            candidate = out / "candidates" / "linear_residual_addmm.py"
-            candidate.parent.mkdir(exist_ok=True)
-            candidate.write_text(_DEMO_CANDIDATE)
-            stock = engine.measure("fast", 20, group)["groups"][group]
-            swap, gate = engine.try_candidate(group, candidate)
-            on = sum(v == "on" for v in engine.layers.values())
-            console.line(
-                f"\n5. hot swap of {candidate} into {group} of a running cpu engine (a sandboxed worker, {on} "
-                f"of {len(engine.layers)} sandbox layers on; it loaded meanwhile, in "
-                f"{console.seconds(engine_box['start_s'])})"
-            )
-            if swap.fault is not None or gate is None:
-                fault = swap.fault
-                failed.append(f"hot swap: {fault.stage}: {fault.cause}" if fault else "hot swap: swap failed")
-            else:
-                console.table(
-                    f"gates ({took(since)}: the swap, every gate, the worker retired and a fresh one forked)",
-                    ["gate", "verdict", "what it found"],
-                    [(x.name, x.verdict, short(x.cause)) for x in gate.gates],
-                )
-                if gate.ok:
-                    console.line(
-                        f"   build {console.seconds(swap.build_s)}, swap {console.seconds(swap.swap_s)}, no weight "
-                        f"reloaded; fast tier by the controller's clock: stock "
-                        f"{console.seconds(stock.get('median_s'))}, candidate "
-                        f"{console.seconds((gate.measurement or {}).get('median_s'))} a call; it stays in"
-                    )
-                else:
-                    fault = gate.faults[0] if gate.faults else None
-                    why = f"rejected at {fault.stage}: {fault.cause}" if fault else "rejected"
-                    failed.append(f"hot swap: {why}")
-        finally:
-            engine.close()
-
-    # 6. the short tune's output
-    proc = background["tune"]
-    console.line(
-        f"\n6. a short tune: polymorph tune {' '.join(tune_args)} (the built-in agents propose, engines gate "
-        "and time, the winners go into the plan; a real tune runs minutes). It started with the demo, in a "
-        "process of its own, so that its engines loaded while steps 1-5 ran; what it timed meanwhile "
-        "shared the CPU with them"
-    )
-    try:
-        code = proc.wait(timeout=budget_s + 600)  # the budget, and more than enough for the final A/B
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        code = proc.wait()
-    lines = tune_log.read_text().splitlines()
-    progress = re.compile(r"polymorph: tuning |bucket \S+: \d+/\d+ candidates done")
-    shown = [x for x in lines if not progress.match(x)]  # the progress lines stay in the log
-    for x in shown:
-        console.line(f"   {x}")
-    console.line(f"   ({took(tune_started)} from its start; its whole output: {tune_log})")
-    if code != 0:
-        failed.append(f"the tune exited with {code}: {shown[-1] if shown else 'no output'}")
-
-    console.line(
-        f"\ndemo done in {took(t0)}. Everything stays in {out}/: cpu/ (polymorph run {cpu_out} --prompt "
-        f"'1 2 3 4'), h200/ mi355x/ trn2/ (plans, reports, device code), candidates/, tune/ (polymorph run "
-        f"{tune_out})"
-    )
-    if failed:
-        raise CheckFailed("; ".join(failed))
-    return 0
+    return run_demo(args)
 
 
 def _engine_address(args: argparse.Namespace) -> str:
@@ -774,7 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="f32")
 
     def model_args(c: argparse.ArgumentParser) -> None:
-        c.add_argument("model", help="zoo name, Hugging Face model directory, or IR .json file")
+        c.add_argument(
+            "model", help="zoo name, Hugging Face model directory, IR .json or torch.export .pt2 file"
+        )
         c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
         c.add_argument("--dtype", help="weight and activation dtype (default f32 on cpu, bf16 elsewhere)")
 
@@ -804,11 +523,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--seed", type=int, default=0, help="sampling seed")
+    c.add_argument("--inputs", metavar="IN.npz", help="a .pt2 program's inputs (arr_0.. or by input name)")
+    c.add_argument("--outputs", metavar="OUT.npz", help="where a .pt2 program's outputs go (output_0..)")
+    c.add_argument("--force", action="store_true", help="overwrite an existing --outputs file")
     c = command(
         "verify", cmd_verify, "check a backend's logits against the reference engine (exit 1 on mismatch)"
     )
     model_args(c)
     c.add_argument("--seed", type=int, help="token seed (default: fresh random tokens every run)")
+    c.add_argument("--inputs", metavar="IN.npz", help="a .pt2 program's inputs (default: fresh random ones)")
     c = command("demo", cmd_demo, "the tour: graph, compiles for four chips, verify, hot swap, short tune")
     c.add_argument("--model", default="llama-tiny",
                    help="zoo name or Hugging Face checkpoint folder (default llama-tiny, random weights)")  # fmt: skip
@@ -903,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
     from polymorph.search.commands import add_commands
 
     add_commands(sub)
+    from polymorph.mcp.command import add_command as add_mcp_command
+
+    add_mcp_command(sub)
     from polymorph.cli import report
 
     report.add_command(sub)

@@ -38,6 +38,7 @@ from polymorph.search.ab import MIN_PAIRS, SLOWER, paired_ratio
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
 from polymorph.search.board import Board, Result
 from polymorph.search.lifetime import dead_run_worker, die_with_parent, worker_name
+from polymorph.search.live_tunes import publish_tune
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
 from polymorph.search.space import buckets_of, group_spaces, library_path, predicted_times, toolchain
 
@@ -84,6 +85,12 @@ class TuneOptions:
     agent_calls: int = 1  # calls per op signature and bucket for each external agent
     wait_for_posts: bool = False  # run to the budget's end for posts by agents outside (`board post`)
     force: bool = False  # write into a non-empty --out that is not a previous tune output
+    # A started engine (polymorph.engine.Controller) loaded at this run's one bucket, model, backend,
+    # chip and dtype (`polymorph demo`'s): the first worker is a thread of this process claiming on it
+    # instead of a process starting an engine of its own, and the final A/B times on it too (a fresh
+    # worker for every untuned arm, as with an engine of its own). It is left open, back at stock.
+    engine: Any = None
+    quiet: bool = False  # no progress on stderr and no "registry: ..." line (the caller shows the report)
 
 
 @dataclass
@@ -150,7 +157,6 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
     to the tune through `results` (this worker's end of a pipe only the tune reads) before it goes on
     the board: the board is a file agents write too, so the tune takes a pass only from the pipe."""
     import sys
-    import traceback
 
     from polymorph.engine.controller import Controller
 
@@ -158,11 +164,23 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
     log = Path(options["logs"]) / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout = sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115 (the process's own log, to its end)
+    engine = Controller.start(load["model"], load["backend"], load["profile"], batch=load["batch"], dtype=load["dtype"],
+                              ctx=load["ctx"], budget_s=options["engine_budget_s"])  # fmt: skip
+    try:
+        claim_loop(engine, name, board_path, load, options, results)
+    finally:
+        engine.close()
+
+
+def claim_loop(engine: Any, name: str, board_path: str, load: dict[str, Any], options: dict[str, Any],
+               results: Any = None) -> None:  # fmt: skip
+    """Claim, gate and time candidates on `engine` until the stop file exists (a worker process's loop,
+    or a thread's on an engine the caller started: TuneOptions.engine); the engine stays open."""
+    import traceback
+
     board = Board(board_path)
     stop = Path(options["stop"])
     sources = Path(options["sources"])
-    engine = Controller.start(load["model"], load["backend"], load["profile"], batch=load["batch"], dtype=load["dtype"],
-                              ctx=load["ctx"], budget_s=options["engine_budget_s"])  # fmt: skip
     try:
         while not stop.exists():
             cand = board.claim(name, options["lease_s"], backend=load["backend"], target=load["profile"],
@@ -182,7 +200,6 @@ def worker_main(name: str, board_path: str, load: dict[str, Any], options: dict[
                 results.send((cand.id, name, ok, cause, measurements, gates))
             board.post_result(cand.id, name, ok, cause, measurements, gates)
     finally:
-        engine.close()
         board.close()
 
 
@@ -280,17 +297,14 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
     claim_out(opts.out, "tune", force=opts.force)  # a previous tune's folder: this run resumes from it
     if opts.wait_for_posts:
-        from polymorph.cli import console
-
         console.line(
             f"agents take part with: polymorph board post --board {opts.board or opts.out / 'board.sqlite'} "
             f"--backend {opts.backend} --target {profile} --kernel FILE [--config JSON] --reasoning TEXT GROUP; "
             f"then: polymorph board wait ID"
         )
     reg = Registry(opts.registry or opts.out / "registry.sqlite")
-    from polymorph.cli import console
-
-    console.line(f"registry: {reg.path}; board: {opts.board or opts.out / 'board.sqlite'}")
+    if not opts.quiet:
+        console.line(f"registry: {reg.path}; board: {opts.board or opts.out / 'board.sqlite'}")
     report = TuneReport(opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s)
     started = time.monotonic()
     try:
@@ -447,6 +461,9 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
 
     scope = run_scope(bucket_key, serialize.content_hash(plan.graph))
     run = _Run(board, opts.backend, profile, scope)
+    publish_tune(
+        board, opts, profile, bucket_key, scope, spaces, artifact.report, budget_s, tc
+    )  # for `polymorph mcp`
     stock_ids: dict[int, str] = {}
     champions = {
         s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) for s in spaces.spaces
@@ -487,17 +504,25 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                "lease_s": opts.lease_s, "engine_budget_s": opts.engine_budget_s}  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     procs: list[Any] = []
+    shared = opts.engine if engine_fits(opts.engine, load) else None
 
     def start_worker() -> None:
         name = worker_name(bucket.id, result.workers_started)
         receive, send = ctx.Pipe(
             duplex=False
         )  # one pipe per worker: a worker killed mid-send spoils only its own
-        p = ctx.Process(
-            target=worker_main, args=(name, str(board.path), load, options, send), name=name, daemon=True
-        )
-        p.start()
-        send.close()
+        if shared is not None and not any(isinstance(p, threading.Thread) for p in procs):
+            # The caller's engine, already loaded: no process and no engine start. Should this thread
+            # end early, its replacement is a worker process with an engine of its own.
+            p: Any = threading.Thread(target=claim_loop, args=(shared, name, str(board.path), load, options, send),
+                                      name=name, daemon=True)  # fmt: skip
+            p.start()
+        else:
+            p = ctx.Process(
+                target=worker_main, args=(name, str(board.path), load, options, send), name=name, daemon=True
+            )
+            p.start()
+            send.close()
         run.channels.append(receive)
         procs.append(p)
         result.workers_started += 1
@@ -509,13 +534,20 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     # The final A/B: a fresh engine's start, one gate, then MIN_PAIRS pairs or more of whole steps. Its
     # share (a quarter of the budget, 120 s at most) grows past 120 s, to a quarter at most, when an engine
     # start seen here says it needs to; within its share it times fewer steps per arm, never fewer pairs.
+    # It is set aside only while some candidate beats stock: with none, there is nothing to A/B (both
+    # arms would run the same plan) and the search runs to the budget's end.
     ab_reserve = min(0.25 * budget_s, 120.0)
-    deadline = t0 + budget_s - ab_reserve
+    deadline = t0 + budget_s
     ready_s: float | None = None  # the first worker's start, until its first claim
     by_group = {g: space for space in spaces.spaces for g in space.groups}
     searching = time.monotonic()  # progress (the CLI's, on stderr) over the search's share of the budget
     shown = ExitStack()
-    advance = shown.enter_context(console.progress(deadline - searching, f"tuning {result.bucket}", " s"))
+    shown_s = deadline - ab_reserve - searching
+    advance = (
+        _no_progress
+        if opts.quiet
+        else shown.enter_context(console.progress(shown_s, f"tuning {result.bucket}", " s"))
+    )
     try:
         while time.monotonic() < deadline:
             run.adopt_posts(by_group, opts.out / "sources")
@@ -553,8 +585,9 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                 break
             if ready_s is None and (run.trusted or board.candidates("claimed")):
                 ready_s = time.monotonic() - searching
-            ab_reserve = max(ab_reserve, min(0.25 * budget_s, _ab_need(opts, result, ready_s)))
-            deadline = t0 + budget_s - ab_reserve
+            need = _ab_need(opts, result, 0.0 if shared else ready_s)  # a shared engine: no start
+            ab_reserve = max(ab_reserve, min(0.25 * budget_s, need))
+            deadline = t0 + budget_s - (ab_reserve if _winners(spaces.spaces, by_sig) else 0.0)
             if progress is not None:
                 progress(_progress(result, run, procs, deadline))
             advance(at=time.monotonic() - searching, note=f"{result.candidates} done, {result.passed} passed")
@@ -568,8 +601,15 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             stop.touch()
         except OSError:
             pass  # the workers are killed below if they do not stop
+        # A worker process that never claimed a candidate is idle (it stops within a poll) or still
+        # starting its engine: it has nothing to finish, and would see the stop file only once its
+        # engine had loaded, so it gets a moment to close its engine, not the engine's budget.
+        engaged = {c.worker for c in board.candidates() if c.worker}
         for p in procs:
-            p.join(timeout=opts.engine_budget_s)
+            if isinstance(p, threading.Thread):
+                p.join(timeout=opts.engine_budget_s)  # the engine's own budget bounds the candidate it runs
+                continue
+            p.join(timeout=opts.engine_budget_s if p.name in engaged else 2.0)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -577,9 +617,15 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.spent_s["workers_stop"] = time.monotonic() - t0 - result.spent_s["search"]
     if not result.stopped:
         left = len(run.pending())
-        result.stopped = (
+        share = (
             f"the search's share of the budget ({budget_s - ab_reserve:.0f} s of {budget_s:.0f} s; the rest "
-            f"is the final A/B's) was spent"
+            "is the final A/B's) was spent"
+            if _winners(spaces.spaces, by_sig)
+            else f"the budget ({budget_s:.0f} s) was spent, with no time set aside for a final A/B (no "
+            "candidate beat stock)"
+        )
+        result.stopped = (
+            share
             + (f", {left} candidates still in flight" if left else "")
             + ("; it waited for posts from outside agents" if opts.wait_for_posts else "")
         )
@@ -590,9 +636,12 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.agent_errors = [e for a in externals for e in a.errors]
     try:
         ab_began = time.monotonic()
-        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run, deadline=t0 + budget_s)
+        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run, deadline=t0 + budget_s,
+                              engine=shared)  # fmt: skip
         result.spent_s["final_ab"] = time.monotonic() - ab_began
     except (UserError, EngineError) as e:  # a champion hung or crashed the engine in whole steps
+        if shared is not None:
+            _back_to_stock(shared)
         for sig in by_sig.values():
             sig.chosen = False
         result.ab = {"error": str(e), "plan": "untuned: the final A/B failed", "speedup": None,
@@ -600,9 +649,9 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
         return result
     # Per-op champions go to the registry unless the final gate rejected them together.
-    if result.ab["gate"] == "passed":
+    if result.ab["gate"] == "passed" or result.ab.get("skipped"):  # skipped: each passed its own gates
         _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
-    if result.ab["verdict"] == SLOWER and any(s.chosen for s in by_sig.values()):
+    if result.ab.get("verdict") == SLOWER and any(s.chosen for s in by_sig.values()):
         # Faster kernel by kernel, slower end to end in the same run (the whole interval above 1): the
         # untuned plan is the one written.
         for sig in by_sig.values():
@@ -746,7 +795,7 @@ def _ab_need(opts: TuneOptions, result: BucketResult, ready_s: float | None) -> 
 
 
 def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSpace], by_sig: dict,
-              run: _Run, deadline: float | None = None) -> dict[str, Any]:  # fmt: skip
+              run: _Run, deadline: float | None = None, engine: Any = None) -> dict[str, Any]:  # fmt: skip
     """Untuned against tuned, whole decode steps (slow tier), in one fresh engine: `opts.ab_pairs`
     pairs or more (up to AB_MAX_PAIRS while `deadline`, a time.monotonic() instant, allows), each pair
     one untuned and one tuned timing back to back, the order alternating (tuned first in even pairs,
@@ -754,13 +803,26 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
     The winners are gated once, first, over every group they go into. Every untuned timing runs on a
     fresh worker no candidate touched. Should the pairs not fit before `deadline` at `opts.ab_trials`
     steps per arm, fewer steps are timed per arm, never fewer pairs. The verdict is the bootstrap
-    interval's (polymorph.search.ab), seeded with `opts.seed`."""
+    interval's (polymorph.search.ab), seeded with `opts.seed`.
+
+    With no winner there is nothing to compare (both arms would run the same plan): no engine starts,
+    and the answer says why it was skipped. `engine`: the caller's engine at this bucket (the search's,
+    TuneOptions.engine) instead of a fresh one; every untuned timing still runs on a fresh worker, and
+    the engine is handed back at stock, open."""
     from polymorph.engine.controller import Controller
 
     winners = _winners(spaces, by_sig)
+    if not winners:
+        return {"skipped": f"no candidate beat its stock kernel by {WIN_MARGIN:.0%}, so both arms would run "
+                           "the same plan", "gate": "not run", "speedup": None, "stock_s": [], "tuned_s": [],
+                "pairs": 0, "rounds": 0, "trials": 0, "same_plan": True}  # fmt: skip
     t0 = time.perf_counter()
-    engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx, dtype=opts.dtype,
-                              budget_s=opts.engine_budget_s)  # fmt: skip
+    own = engine is None
+    if own:
+        engine = Controller.start(opts.model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx,
+                                  dtype=opts.dtype, budget_s=opts.engine_budget_s)  # fmt: skip
+    else:
+        _back_to_stock(engine)  # whatever the search left: stock kernels, a fresh worker
     stock: list[float] = []
     tuned: list[float] = []
     gate, swapped, trials = None, 0, max(1, opts.ab_trials)
@@ -785,6 +847,7 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
         engine.reset()
         engine.replace_worker(())  # a fresh worker: nothing a candidate did while it ran stays for stock
 
+    state = "unknown"  # which arm the engine holds (unknown until the first swap: not stock)
     try:
         start_s = time.perf_counter() - t0
         if winners:
@@ -819,7 +882,10 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
             if deadline is None or len(stock) >= AB_MAX_PAIRS or took > left:
                 break
     finally:
-        engine.close()
+        if own:
+            engine.close()
+        elif state != "stock":
+            _back_to_stock(engine)
     for sig in winners:
         by_sig[sig].chosen = True
     interval = paired_ratio(stock, tuned, seed=opts.seed)
@@ -827,7 +893,32 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
             "speedup": 1.0 / interval.ratio, "rounds": len(stock), "trials": trials,
             "order": "alternating: tuned first in even pairs, untuned first in odd ones",
             "same_plan": not winners, "swapped_groups": swapped, "elapsed_s": time.perf_counter() - t0,
+            "engine": "fresh" if own else "the search's",
             "gate": "passed" if gate is None or gate.ok else gate_cause(gate)}  # fmt: skip
+
+
+def engine_fits(engine: Any, load: Mapping[str, Any]) -> bool:
+    """Whether `engine` (a started Controller) holds what a worker would load for `load`: the same
+    model, backend, chip, bucket and dtype."""
+    if engine is None:
+        return False
+    from polymorph.pipeline.backend import registry as backends
+
+    args = engine.load_args
+    target = args.get("target") or backends.get(args["backend"]).targets[0]
+    bucket = engine.loaded.get("bucket") or {}
+    return (str(args["model"]) == str(load["model"]) and args["backend"] == load["backend"]
+            and target == load["profile"] and args.get("dtype") == load["dtype"]
+            and (bucket.get("batch"), bucket.get("ctx")) == (load["batch"], load["ctx"]))  # fmt: skip
+
+
+def _back_to_stock(engine: Any) -> None:
+    engine.reset()
+    engine.replace_worker(())  # a fresh worker: nothing a candidate did stays
+
+
+def _no_progress(n: float = 1, note: str = "", at: float | None = None) -> None:
+    return None
 
 
 def _slow(engine: Any, trials: int) -> dict[str, Any]:
@@ -858,6 +949,7 @@ def _write_plan(backend: Any, plan: Any, spaces: list[GroupSpace], by_sig: dict,
 
 def _progress(result: BucketResult, run: _Run, procs: list, deadline: float) -> dict[str, Any]:
     return {"bucket": result.bucket, "posted": len(run.posted), "done": result.candidates, "passed": result.passed,
-            "failed": dict(result.failed), "workers": [p.pid for p in procs if p.is_alive()],
+            "failed": dict(result.failed), "workers": [p.pid for p in procs if p.is_alive() and hasattr(p, "pid")],
+            "threads": sum(1 for p in procs if p.is_alive() and not hasattr(p, "pid")),  # on the caller's engine
             "left_s": max(0.0, deadline - time.monotonic()),
             "best": {s.signature: s.speedup for s in result.signatures if s.speedup}}  # fmt: skip

@@ -32,7 +32,7 @@ class ProgressView:
     def __call__(self, p: dict[str, Any]) -> None:
         failed = ", ".join(f"{k} {v}" for k, v in sorted(p["failed"].items())) or "none"
         head = (f"bucket {p['bucket']}: {p['done']}/{p['posted']} candidates done, {p['passed']} passed, "
-                f"failed: {failed}; {len(p['workers'])} workers; {p['left_s']:.0f} s left")  # fmt: skip
+                f"failed: {failed}; {len(p['workers']) + p.get('threads', 0)} workers; {p['left_s']:.0f} s left")  # fmt: skip
         if self._live is None:
             now = time.monotonic()
             if now - self._last_plain >= 5.0:
@@ -81,10 +81,13 @@ def ab_lines(ab: dict[str, Any]) -> list[str]:
     """What the final A/B found, in lines of 80 characters or fewer where the numbers allow."""
     if "error" in ab:
         return [f"end to end: the final A/B failed ({ab['error']}); the untuned plan is written"]
+    if "skipped" in ab:
+        return textwrap.wrap(f"end to end: no final A/B: {ab['skipped']}", WIDTH, subsequent_indent="  ")
+    where = "in one fresh engine" if ab.get("engine", "fresh") == "fresh" else "in the search's engine"
     stock, tuned = ab["stock_s"], ab["tuned_s"]
     low, high = ab["interval"]
     lines = [
-        f"end to end, whole decode steps in one fresh engine: {ab['pairs']} alternating pairs,",
+        f"end to end, whole decode steps {where}: {ab['pairs']} alternating pairs,",
         f"  {ab['trials']} steps per arm (median of 3 rounds each; p10-p90 over the pairs):",
         f"  untuned {console.seconds(float(np.median(stock)))} ({_p10_p90(stock)}), "
         f"tuned {console.seconds(float(np.median(tuned)))} ({_p10_p90(tuned)})",
