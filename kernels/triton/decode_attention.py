@@ -68,11 +68,14 @@ MAX_SEQ = 4  # query tokens per sequence handled here; prefill_attention.py take
 # block_n: the most tokens per loop iteration (a power of two; a tile may span cache blocks or part of
 # one), lowered for a split shorter than that; min_split_tokens: the least work a split is given;
 # ctas_per_cu: programs per SM/CU to aim for (2: enough loads in flight per SM to stream HBM at
-# decode's tiny arithmetic intensity). On an H200 (Triton 3.6), Llama-3.2-1B heads, bf16, the first
-# config was the fastest or within 3% of it at batch 1/8/32 and 1k-8k contexts. one_block_n: the largest
-# tile of the one-token path (S = 1; block_n where absent): 256 tokens (8 warps) won at 8k on an H200
-# (bench/h200_decode_kernels_results.json).
+# decode's tiny arithmetic intensity; more where batch x kv_heads alone leaves SMs idle). one_block_n:
+# the largest tile of the one-token path (S = 1; block_n where absent). The first config is the
+# `attn-c8-t128` variant of bench/h200_variants.py: on an H200 (2026-12-02, Triton 3.6, Llama-3.2-1B,
+# bf16, whole decode steps) it took batch 32 at 8k from 0.99x to 1.05x torch.compile and batch 64 at
+# 1k from 1.13x to 1.18x, equal at batch 1 and 8 at 1k, 0.8% slower at batch 1 at 8k (one run each,
+# BENCHMARKS.md). The second is the default before it (ctas_per_cu 2, one_block_n 256).
 _WARP32_CONFIGS = [
+    {"block_n": 128, "one_block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 8, "num_warps": 4, "num_stages": 2},
     {"block_n": 128, "one_block_n": 256, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 2},
     {"block_n": 128, "min_split_tokens": 64, "ctas_per_cu": 2, "num_warps": 4, "num_stages": 3},
     {"block_n": 64, "min_split_tokens": 128, "ctas_per_cu": 4, "num_warps": 4, "num_stages": 2},
