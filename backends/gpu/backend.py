@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -111,11 +112,14 @@ class TritonBackend(KernelLibraryBackend):
         files: dict[str, list[str]] = {}
         what = f"compiling {len(plan.groups)} kernels for {target}"
         with console.progress(len(plan.groups), what) as advance:  # shown by the CLI only, on stderr
-            for group in plan.groups:
+            for i, group in enumerate(plan.groups):
                 kernel = load_choice(group.kernel.file, group.kernel.sha256)
                 spec = kernel_spec(concrete, group, types, chip)
                 units = kernel.compile_units(spec, group.kernel.config, chip)
                 resources[group.id], files[group.id] = _compile_group(kernel, units, target, compiled, chip)
+                if _spills(resources[group.id]):
+                    group = plan.groups[i] = _spill_free_default(kernel, spec, group, target, compiled, chip,
+                                                                 resources, files)  # fmt: skip
                 resources[group.id]["launches"] = kernel.launches(spec, group.kernel.config, chip)
                 advance(note=f"{len(compiled)} distinct units")
         artifact = Artifact(plan, plan_report(plan, resources_of=lambda g: resources[g.id]), out_dir)
@@ -160,6 +164,37 @@ def launch_counts(plan: Plan) -> dict[str, int]:
         spec = kernel_spec(concrete, group, types, chip)
         counts[group.id] = files[key].launches(spec, group.kernel.config, chip)
     return counts
+
+
+def _spills(res: Mapping[str, Any]) -> bool:
+    return bool(res.get("spill_bytes") or res.get("vgpr_spills"))
+
+
+def _spill_free_default(kernel: KernelFile, spec: Any, group: Any, target: Target, compiled: dict[str, Any],
+                        chip: Any, resources: dict[str, dict[str, Any]], files: dict[str, list[str]]) -> Any:  # fmt: skip
+    """A group whose config is its file's default for the chip, and whose compile spills registers at
+    this shape: the first config of the file's space that compiles without spills takes its place (the
+    plan records it, the report says why). A config chosen on purpose (a registry champion, a swap) is
+    kept as it is: its spills are reported, not changed behind the chooser's back."""
+    space = kernel.configs_for(chip)
+    if not space or dict(group.kernel.config) != dict(space[0]):
+        return group
+    spilled = resources[group.id].get("spill_bytes") or resources[group.id].get("vgpr_spills")
+    for n, config in enumerate(space[1:], start=2):
+        try:
+            units = kernel.compile_units(spec, config, chip)
+        except (UserError, ValueError, KeyError):  # a config this shape cannot take
+            continue
+        trial: dict[str, Any] = dict(compiled)
+        res, keys = _compile_group(kernel, units, target, trial, chip)
+        if _spills(res):
+            continue
+        compiled.update({k: trial[k] for k in keys})
+        res["config_note"] = (f"the file's default config spilled ({spilled}) at this shape; config {n} of "
+                              f"its {len(space)} compiles without spills")  # fmt: skip
+        resources[group.id], files[group.id] = res, keys
+        return dataclasses.replace(group, kernel=dataclasses.replace(group.kernel, config=dict(config)))
+    return group
 
 
 def _compile_group(
