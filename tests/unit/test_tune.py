@@ -154,13 +154,21 @@ def test_the_tune_command_prints_its_report(tmp_path: Path, capsys: pytest.Captu
     assert code == 0
     assert "# bucket b1-ctx512-1024" in text and "end to end" in text and "plan written" in text
     assert (out / "plan.json").exists() and (out / "tune-report.json").exists()
-    # The final A/B: 20 alternating pairs or more, in the JSON with their interval and verdict.
+    # The final A/B: 20 alternating pairs or more, in the JSON with their interval and verdict; or,
+    # where no candidate beat its stock kernel (a loaded machine's 40 s may find none), no A/B and why.
     (bucket,) = json.loads((out / "tune-report.json").read_text())["buckets"]
     ab = bucket["ab"]
-    assert ab["pairs"] >= 20 and len(ab["stock_s"]) == len(ab["tuned_s"]) == ab["pairs"]
-    low, high = ab["interval"]
-    assert low <= ab["ratio"] <= high and ab["verdict"] in ("faster", "slower", "no difference above noise")
-    assert f"95% bootstrap interval {low:.3f}-{high:.3f}" in text and ab["verdict"] in text
+    if "skipped" in ab:
+        assert ab["pairs"] == 0 and "no final A/B" in text and "beat its stock kernel" in ab["skipped"]
+    else:
+        assert ab["pairs"] >= 20 and len(ab["stock_s"]) == len(ab["tuned_s"]) == ab["pairs"]
+        low, high = ab["interval"]
+        assert low <= ab["ratio"] <= high and ab["verdict"] in (
+            "faster",
+            "slower",
+            "no difference above noise",
+        )
+        assert f"95% bootstrap interval {low:.3f}-{high:.3f}" in text and ab["verdict"] in text
     assert bucket["stopped"] and "search stopped" in text  # why the search ended
     lines = text.splitlines()
     title = lines.index(next(line for line in lines if line.startswith("# bucket")))
@@ -186,20 +194,21 @@ def test_an_outside_agents_post_is_measured_and_answered(tmp_path: Path) -> None
         board = Board(out / "board.sqlite")
         cid = board.post(group="layers.1.mlp.down+residual", backend="cpu", target="cpu", source=kernel,
                          agent="outside", reasoning="the library's kernel, posted from outside")  # fmt: skip
-        answer["result"] = board.wait(cid, timeout=60)
+        answer["result"] = board.wait(cid, timeout=90)
         answer["candidate"] = board.show(cid)
         board.close()
 
     poster = threading.Thread(target=outside_agent)
     poster.start()
-    report = tune(TuneOptions(model="llama-tiny", budget_s=30, workers=1, out=out, trials=3, ab_trials=3,
+    # 60 s: on a loaded 2-core machine the engine's start alone has taken 20 s of a 30 s budget.
+    report = tune(TuneOptions(model="llama-tiny", budget_s=60, workers=1, out=out, trials=3, ab_trials=3,
                               wait_for_posts=True))  # fmt: skip
-    poster.join(timeout=70)
+    poster.join(timeout=100)
     result, candidate = answer.get("result"), answer.get("candidate")
     assert result is not None, "the post got no result while the tune ran"
     assert result.ok and result.measurements["median_s"] > 0, result.cause
     assert candidate.group.startswith("layers.") and "@" in candidate.group  # taken into the run's scope
-    assert report.elapsed_s >= 0.5 * 30  # it ran on for posts past the built-in agents' ideas
+    assert report.elapsed_s >= 0.5 * 60  # it ran on for posts past the built-in agents' ideas
 
 
 def test_cheating_posts_from_outside_are_rejected_by_the_gate_that_names_them(tmp_path: Path) -> None:
