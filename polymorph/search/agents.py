@@ -236,9 +236,20 @@ class Schedule:
         return any(getattr(a, "waiting", False) for a in self.agents)
 
     def next_batch(self, tried: Mapping[tuple, Outcome | None], limit: int) -> list[Proposal]:
+        """Up to `limit` proposals: first the answers external agents have ready (an answer that came
+        is measured at once, not when the round robin next visits its space), then the round robin."""
         ordered = sorted(self.spaces, key=lambda s: -s.share)
         out: list[Proposal] = []
         pending = {p.key for p in out}
+        for agent in self.agents:
+            ready = getattr(agent, "ready", None)
+            for space in ordered if ready is not None else ():
+                if len(out) >= limit:
+                    return out
+                if space.signature in ready():
+                    for p in agent.propose(space, {**tried, **dict.fromkeys(pending)}, limit - len(out)):
+                        out.append(p)
+                        pending.add(p.key)
         for _ in range(len(ordered) * len(self.agents)):
             if len(out) >= limit:
                 break

@@ -133,6 +133,10 @@ class _External(ABC):
         """A call is out, or answered and not yet handed over: the search is not over."""
         return bool(self._calls)
 
+    def ready(self) -> set[str]:
+        """Signatures of the spaces whose call has been answered and not yet handed over."""
+        return {signature for signature, call in self._calls.items() if call.done()}
+
     def settle(self, timeout_s: float | None = None) -> None:
         """Wait for the calls that are out (tests, and a caller with time to spare)."""
         wait_futures(list(self._calls.values()), timeout=timeout_s)

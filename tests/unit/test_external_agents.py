@@ -217,7 +217,7 @@ def test_tune_measures_an_endpoint_candidate_through_every_gate(endpoint: str, t
     board = Board(tmp_path / "board.sqlite")
     mine = [c for c in board.candidates() if c.agent == "endpoint"]
     board.close()
-    assert mine, "the endpoint's kernel never reached the board"
+    assert mine, f"the endpoint's kernel never reached the board; agent errors: {errors}"
     done = [c for c in mine if c.state == "done"]
     assert done and all(c.result.ok for c in done), [c.result for c in done]
     assert {"numerics", "quality"} <= set(done[0].result.gates)
