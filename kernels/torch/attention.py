@@ -4,6 +4,8 @@ sliding window (`window`) and logit soft-capping (`softcap`) where the op asks f
 import torch
 import torch.nn.functional as F
 
+from polymorph.pipeline.kernel_files import depend
+
 IMPLEMENTS = ("attention", "cache_attention")
 # impl "sdpa": torch's fused kernel with a boolean mask; "math": explicit softmax(q k^T) v in float32
 # (soft-capping always takes this form: SDPA has no cap).
@@ -83,22 +85,10 @@ def _attend(q, k, v, visible, scale, impl, softcap=0.0, gqa="native"):
     return out.transpose(1, 2)  # [B, S, H, Dh]
 
 
-def _threaded(launch, threads):
-    """`launch` run on `threads` threads, the process's count restored after (torch's is global)."""
-    if not threads:
-        return launch
-
-    def run(inputs, outputs, scratch):
-        before = torch.get_num_threads()
-        if before == threads:
-            return launch(inputs, outputs, scratch)
-        torch.set_num_threads(threads)
-        try:
-            launch(inputs, outputs, scratch)
-        finally:
-            torch.set_num_threads(before)
-
-    return run
+# A launch on a chosen number of threads (config key `threads`; 0: the process's count).
+_threaded = depend(
+    "torch/_threads.py", "cb577c022de0be2c6e1d752dd5ed81cb037174661c4119fd34d8fe4918676329"
+).threaded
 
 
 def build(spec, config, target):

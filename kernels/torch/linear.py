@@ -2,6 +2,8 @@
 
 import torch
 
+from polymorph.pipeline.kernel_files import depend
+
 IMPLEMENTS = ("linear", "matmul")
 # weight_layout "nk" uses the checkpoint layout as is; "kn" stores the transpose once at build time
 # so the GEMM streams the weight row-major: a real choice on CPU, where one or the other wins by shape.
@@ -81,19 +83,7 @@ def build(spec, config, target):
     return _threaded(launch, config.get("threads", 0))
 
 
-def _threaded(launch, threads):
-    """`launch` run on `threads` threads, the process's count restored after (torch's is global)."""
-    if not threads:
-        return launch
-
-    def run(inputs, outputs, scratch):
-        before = torch.get_num_threads()
-        if before == threads:
-            return launch(inputs, outputs, scratch)
-        torch.set_num_threads(threads)
-        try:
-            launch(inputs, outputs, scratch)
-        finally:
-            torch.set_num_threads(before)
-
-    return run
+# A launch on a chosen number of threads (config key `threads`; 0: the process's count).
+_threaded = depend(
+    "torch/_threads.py", "cb577c022de0be2c6e1d752dd5ed81cb037174661c4119fd34d8fe4918676329"
+).threaded

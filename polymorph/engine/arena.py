@@ -142,3 +142,25 @@ def _layout(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]]) -> tuple[lis
         entries.append({"name": key, "dtype": _dtype_name(dtype), "shape": list(shape), "offset": offset})
         offset += -(-max(nbytes, 1) // ALIGN) * ALIGN
     return entries, offset
+
+
+def slots_digest(
+    arrays: Mapping[str, np.ndarray], calls: Iterable[tuple[Iterable[str | None], Iterable[str | None]]]
+) -> str:
+    """A digest of every named slot of a request's calls, per call its outputs then its inputs (None,
+    a weight or a cache written in place, skipped), bytes and names alike.
+
+    The worker sends it with its answer over what its slots hold at that instant; the controller
+    computes it again over what it copies out once the worker is frozen. Equal digests mean nothing
+    was written after the answer: work finished later (a child process, a thread, a device queue)
+    would change the bytes. Forging the digest needs the final bytes, i.e. the work done before the
+    answer, inside the controller's clock."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for outs, ins in calls:
+        for name in [*outs, *ins]:
+            if name is not None:
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(arrays[name]).view(np.uint8).data)
+    return h.hexdigest()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from polymorph.engine import protocol
-from polymorph.engine.arena import Arena
+from polymorph.engine.arena import Arena, slots_digest
 from polymorph.engine.pool import WorkerPool
 from polymorph.engine.wire import EngineError, WorkerLost, WorkerProcess
 
@@ -59,6 +59,11 @@ class CallsResult:
 
     def output(self, i: int) -> list[np.ndarray]:
         return self.outputs[i]
+
+
+# A candidate whose outputs (or in-place inputs) changed between the worker's answer and the freeze.
+LATE_WRITE = ("the outputs changed after the worker answered (work finished after the answer, outside the "
+              "controller's clock: a child process, a thread, queued device work)")  # fmt: skip
 
 
 def _fill(dtype: np.dtype, fill: Any) -> Any:
@@ -184,6 +189,9 @@ class LocalLink:
                 if not response.get("ok"):
                     return response, None
                 result = CallsResult(wall, *_copies(arena, layout), calls=len(calls))
+                slots = list(zip(layout.out_slots, layout.in_slots, strict=True))
+                if response["result"].get("slots") != slots_digest(arena.arrays, slots):
+                    return {"ok": False, "error": {"kind": "candidate_run", "message": LATE_WRITE}}, None
             finally:
                 w.thaw()
             self._last = (w, arena, layout)
@@ -222,8 +230,13 @@ class LocalLink:
         w.freeze()
         try:
             logits = np.array(arena.arrays["logits"])
+            late = response.get("ok") and response["result"].get("slots") != slots_digest(
+                arena.arrays, [(["logits"], ["tokens"])]
+            )
         finally:
             w.thaw()
+        if late:
+            return {"ok": False, "error": {"kind": "candidate_run", "message": LATE_WRITE}}, wall, logits
         return response, wall, logits
 
     def retire(self, candidates: Candidates) -> dict[str, Any]:

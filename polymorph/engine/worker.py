@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from polymorph.engine import protocol
-from polymorph.engine.arena import Arena
+from polymorph.engine.arena import Arena, slots_digest
 from polymorph.engine.windows import ReleasedBlocks, cache_windows
 from polymorph.errors import UserError
 from polymorph.pipeline.backend import Artifact, Executable, registry
@@ -347,7 +347,8 @@ class Worker:
                 for name, t in [*zip(call["inputs"], ins), *zip(call["outputs"], outs)]:
                     if name is not None:
                         arena.arrays[name][...] = _numpy(t)
-        return {"calls": len(calls), "watched": watched_digest()}
+        slots = [(call["outputs"], call["inputs"]) for call in calls]
+        return {"calls": len(calls), "watched": watched_digest(), "slots": slots_digest(arena.arrays, slots)}
 
     def _view(self, arena: Arena, name: str, device: Any) -> Any:
         """A torch tensor on arena slot `name`, made once per mapping (host: the shared pages
@@ -405,7 +406,8 @@ class Worker:
             self._sync()
         finally:
             self._restore_state(saved)
-        return {"trials": int(tokens.shape[0]), "watched": watched_digest()}
+        slots = slots_digest(io.arrays, [(["logits"], ["tokens"])])
+        return {"trials": int(tokens.shape[0]), "watched": watched_digest(), "slots": slots}
 
     def op_status(self, m: dict[str, Any]) -> dict[str, Any]:
         return {

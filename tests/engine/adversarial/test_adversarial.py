@@ -32,13 +32,19 @@ class Trick:
     # which must.
     gate: str | tuple[str, ...] | None
     stage: str  # the recorded fault's stage (the gate's name, or hang/crash when the worker is lost)
-    cause: str  # text the recorded cause contains
+    cause: str | tuple[str, ...]  # text the recorded cause contains (or one of several texts)
     restarts: int = 0  # workers lost (beyond the retirement every candidate's worker gets)
     group: str = GROUP
     at_build: bool = False  # its attack runs at build: the swap itself fails
 
 
 ATTENTION = "layers.0.attn.sdpa"
+
+
+def _says(text: str, expected: str | tuple[str, ...]) -> bool:
+    return any(e in text for e in ((expected,) if isinstance(expected, str) else expected))
+
+
 # Ordered so that the kinds that cost the worker are spread out.
 TRICKS = [
     Trick("unwritten_output.py", gates.NUMERICS, gates.NUMERICS, "NaN in output"),
@@ -77,7 +83,13 @@ TRICKS = [
     # Tampering with what measures and judges.
     Trick("patches_torch.py", gates.TAMPER, gates.TAMPER, "rebound"),
     Trick("damages_weights_later.py", None, "crash", "the worker died", restarts=1),
-    Trick("finishes_in_child.py", gates.NUMERICS, gates.NUMERICS, "NaN in output"),
+    # Its child either has not written yet when the worker is frozen (the poison is still there) or
+    # has (the slots changed after the answer: the answer's digest no longer matches): which one is
+    # a race the machine's load decides; both are rejected by the numerics gate.
+    Trick(
+        "finishes_in_child.py", gates.NUMERICS, gates.NUMERICS, ("NaN in output", "after the worker answered")
+    ),
+    Trick("forges_answer_digest.py", gates.NUMERICS, gates.NUMERICS, "after the worker answered"),
     # Shapes the model-level scenario does not reach.
     Trick("short_context_attention.py", gates.NUMERICS, gates.NUMERICS, "max error", group=ATTENTION),
     Trick("batched_kv_leak.py", gates.NUMERICS, gates.NUMERICS, "max error", group=ATTENTION),
@@ -126,10 +138,10 @@ def assert_rejected(engine: Controller, trick: Trick, seed: int) -> None:
             assert failed, (trick.file, report.gates)
         elif trick.gate is not None:
             gate = report.gate(trick.gate)
-            assert gate.verdict == "fail" and trick.cause in gate.cause, (trick.file, gate)
+            assert gate.verdict == "fail" and _says(gate.cause, trick.cause), (trick.file, gate)
         assert faults == report.faults
     stages = trick.gate if isinstance(trick.gate, tuple) else (trick.stage,)
-    assert any(f.stage in stages and trick.cause in f.cause for f in faults), (trick.file, faults)
+    assert any(f.stage in stages and _says(f.cause, trick.cause) for f in faults), (trick.file, faults)
     assert all(f.group == trick.group and f.kernel == str(HERE / trick.file) for f in faults)
     assert engine.restarts == restarts + trick.restarts, trick.file
     assert engine.pid != pid, trick.file  # whatever the verdict, the worker it ran in is retired
