@@ -133,13 +133,17 @@ def test_a_new_traffic_file_retunes_only_its_new_buckets(tmp_path: Path) -> None
     second.write_text(TRAFFIC.format(name="b", sizes=[1, 2, 4], weights=[0.25, 0.25, 0.5]))
     registry = tmp_path / "registry.sqlite"
     opts = dict(model="llama-tiny", workers=1, registry=registry, trials=3, ab_trials=2, lease_s=4)
-    a = tune(TuneOptions(traffic=str(first), budget_s=60, out=tmp_path / "a", **opts))
+    a = tune(TuneOptions(traffic=str(first), budget_s=90, out=tmp_path / "a", **opts))
     assert [b.bucket for b in a.buckets] == ["b1-ctx16-32", "b2-ctx16-32"]  # equal weights: batch order
     assert not any(b.skipped for b in a.buckets)
+    # A bucket's champions are on file for the signatures its search reached in its share of the
+    # budget (a loaded machine may not reach them all): the rule is skipped iff every one has one.
+    covered = {r.bucket: all(s.best is not None for s in r.signatures) for r in a.buckets}
     b = tune(TuneOptions(traffic=str(second), budget_s=60, out=tmp_path / "b", **opts))
     by_bucket = {r.bucket: r for r in b.buckets}
     assert set(by_bucket) == {"b1-ctx16-32", "b2-ctx16-32", "b4-ctx16-32"}
-    assert by_bucket["b1-ctx16-32"].skipped and by_bucket["b2-ctx16-32"].skipped  # champions on file
+    for name, full in covered.items():  # champions on file: not tuned again
+        assert bool(by_bucket[name].skipped) == full, (name, by_bucket[name].skipped)
     assert not by_bucket["b4-ctx16-32"].skipped  # the bucket the new traffic adds is tuned
     assert (tmp_path / "b" / "plan.json").exists() and (tmp_path / "b" / "b1-ctx16-32" / "plan.json").exists()
 
