@@ -72,7 +72,9 @@ def test_decode_plan_compiles_without_spills(prefix_model, tmp_path: Path, backe
     for k in own:
         res = k["resources"]
         assert res.get(register), f"{model.name} {k['group']}: no {register} in {res}"
-        assert res.get("spill_bytes") == 0, f"{model.name} {k['group']} spills {res.get('spill_bytes')} B on {target}"
+        assert res.get("spill_bytes") == 0, (
+            f"{model.name} {k['group']} spills {res.get('spill_bytes')} B on {target}"
+        )
         assert k["predicted_s"] and k["predicted_s"] > 0
     code = {".cubin", ".ptx"} if backend == "cuda" else {".hsaco", ".amdgcn"}
     assert code <= {Path(f).suffix for f in artifact.files}
