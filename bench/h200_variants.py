@@ -71,9 +71,10 @@ VARIANTS: dict[str, tuple[int, dict[str, dict]]] = {
     # decode attention: the general split kernel (runtime loop, 128-token tiles; the 2026-11-30 default)
     "attn-split": (0, {ATTN: {"one_kernel": False}}),
     "attn-c4": (0, {ATTN: {"ctas_per_cu": 4}}),
-    "attn-t128": (0, {ATTN: {"one_block_n": 128}}),
+    # The default before 2026-12-02 (ctas_per_cu 2, 256-token one-token tiles), and its tile alone.
+    "attn-c2-t256": (0, {ATTN: {"ctas_per_cu": 2, "one_block_n": 256}}),
+    "attn-t256": (0, {ATTN: {"one_block_n": 256}}),
     "attn-c4-t128-s3": (0, {ATTN: {"ctas_per_cu": 4, "one_block_n": 128, "num_stages": 3}}),
-    "attn-c8-t128": (0, {ATTN: {"ctas_per_cu": 8, "one_block_n": 128}}),
     "attn-split-c4-s3": (0, {ATTN: {"one_kernel": False, "ctas_per_cu": 4, "num_stages": 3}}),
 }
 POINTS = ["1x1024", "32x8192", "8x1024", "64x1024", "1x8192"]  # the bar's point and the slower one first
