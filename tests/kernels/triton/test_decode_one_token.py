@@ -147,17 +147,20 @@ def test_one_token_interpreted(case: str, interpreter_run: InterpreterRun) -> No
 
 
 def test_one_token_plan_fills_the_chip() -> None:
-    """The one-token plan from the target's traits: on sm_90 (132 SMs), batch 1, 8 kv heads, one tile a
-    split of 64 tokens at 1k (128 programs) and of 256 at 8k (256 programs, 8 warps); splits cover the
-    context exactly in whole tiles at every batch."""
+    """The one-token plan from the target's traits: on sm_90 (132 SMs), batch 1, 8 kv heads, the
+    default config (ctas_per_cu 8, tiles up to 128) makes one tile a split of 64 tokens at 1k (128
+    programs) and at 8k (1,024 programs); the default before it (ctas_per_cu 2, tiles up to 256, the
+    second config) made 32 splits of 256 tokens at 8k on 8 warps. Splits cover the context exactly in
+    whole tiles at every batch."""
     from polymorph.hardware.traits import traits_for
 
     module = kernel("decode_attention", interpret=False).module
     traits = traits_for(TARGETS[0])
-    config = module.configs(traits)[0]
+    config, previous = module.configs(traits)[:2]
     assert module._one_plan(1, 8, 1024, config, traits.units) == (16, 64, 64)
-    assert module._one_plan(1, 8, 8192, config, traits.units) == (32, 256, 256)
-    assert module._one_warps(config, 256, traits.warp_size) == 8
+    assert module._one_plan(1, 8, 8192, config, traits.units) == (128, 64, 64)
+    assert module._one_plan(1, 8, 8192, previous, traits.units) == (32, 256, 256)
+    assert module._one_warps(previous, 256, traits.warp_size) == 8
     for target in TARGETS:
         traits = traits_for(target)
         for config in module.configs(traits):
