@@ -5,16 +5,9 @@ Floats compute in float32 (complex in complex64) and are written into the output
 import torch
 import torch.nn.functional as F
 
-IMPLEMENTS = (
-    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "erf",
-    "reciprocal", "floor", "ceil", "round", "trunc", "sign", "log1p", "expm1", "logical_not", "sub",
-    "div", "pow", "maximum", "minimum", "remainder", "logical_and", "logical_or", "logical_xor", "eq",
-    "ne", "lt", "le", "gt", "ge", "where", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
-    "reduce_prod", "reduce_any", "reduce_all", "reduce_var", "cumsum", "log_softmax", "cmatmul", "conv",
-    "max_pool", "avg_pool", "resize", "layer_norm", "group_norm", "batch_norm", "index_select",
-    "gather", "scatter_add", "index_add", "expand", "strided_slice", "slice_scatter", "fft_r2c",
-    "fft_c2r", "fft_c2c",
-)  # fmt: skip
+from polymorph.ir.general_ops import GENERAL_OPS
+
+IMPLEMENTS = tuple(GENERAL_OPS)  # every op of the closed set, one kernel for all
 CONFIGS = [{}]
 
 _UNARY = {
