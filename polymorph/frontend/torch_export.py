@@ -30,10 +30,19 @@ from polymorph.models.zoo import Model
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """torch.export's own deprecation chatter (pytree LeafSpec) kept off a one-line CLI error."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        yield
+    """torch.export's own chatter kept off a one-line CLI error: its deprecation warnings (pytree
+    LeafSpec) and the traceback its loader logs before it re-raises on a file that is not a program."""
+    import logging
+
+    logger = logging.getLogger("torch.export")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 @dataclass

@@ -107,3 +107,18 @@ def test_wrong_input_shape(conv_program: tuple[Path, Any], tmp_path: Path, capsy
     np.savez(inputs, x=np.zeros((1, 3, 16, 16), np.float32))
     code = main(["run", str(path), "--inputs", str(inputs), "--outputs", str(tmp_path / "o.npz")])
     one_line_error(capsys, code, "input `x` has shape [1, 3, 16, 16]")
+
+
+def test_a_file_that_is_not_a_program(tmp_path: Path) -> None:
+    """Random bytes named .pt2: one line, exit 2, and no traceback from torch's loader on stderr (a
+    subprocess: pytest would capture the logger's output itself)."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(np.random.default_rng().integers(0, 256, 512, dtype=np.uint8).tobytes())
+    done = subprocess.run([sys.executable, "-m", "polymorph", "verify", str(bad)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "not a torch.export program" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
