@@ -225,6 +225,13 @@ def _decode_split_kernel(
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         elif _UPCAST_DOT:
+            if v.dtype == tl.bfloat16:  # round p to nearest even, as compiled code does
+                pb = p.to(tl.uint32, bitcast=True).to(tl.int64)  # (the interpreter truncates)
+                p = (
+                    (((pb + 0x7FFF + ((pb >> 16) & 1)) >> 16) << 16)
+                    .to(tl.uint32)
+                    .to(tl.float32, bitcast=True)
+                )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -331,6 +338,13 @@ def _decode_one_kernel(
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         elif _UPCAST_DOT:
+            if v.dtype == tl.bfloat16:  # round p to nearest even, as compiled code does
+                pb = p.to(tl.uint32, bitcast=True).to(tl.int64)  # (the interpreter truncates)
+                p = (
+                    (((pb + 0x7FFF + ((pb >> 16) & 1)) >> 16) << 16)
+                    .to(tl.uint32)
+                    .to(tl.float32, bitcast=True)
+                )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
