@@ -215,7 +215,7 @@ def _check_gqa(q: TensorType, kv_heads: Dim, head_dim: Dim) -> None:
 
 
 def _infer_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
-    q, k, v = ins
+    q, k, v = ins[:3]
     _float(q, "q")
     _req(k.shape == v.shape, f"k {k} and v {v} differ")
     _req(k.rank == 4, f"k must be [batch, seq_kv, kv_heads, head_dim], got {k}")
@@ -223,14 +223,22 @@ def _infer_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _same_dim(q.shape[0], k.shape[0], "q and k batch")
     if attrs["causal"]:
         _same_dim(q.shape[1], k.shape[1], "causal attention needs q and k of one length")
-    _check_window_softcap(attrs)
-    _req(not attrs["window"] or attrs["causal"], "a sliding window needs causal attention")
+    _check_window_softcap(attrs, q, ins[3:])
+    _req(
+        not (attrs["window"] or attrs["chunk"]) or attrs["causal"], "a window or chunk needs causal attention"
+    )
     return [q]
 
 
-def _check_window_softcap(attrs: Mapping) -> None:
+def _check_window_softcap(attrs: Mapping, q: TensorType, sinks: Sequence[TensorType]) -> None:
     _req(attrs["window"] >= 0, f"window must be >= 0 (0: full attention), got {attrs['window']}")
+    _req(attrs["chunk"] >= 0, f"chunk must be >= 0 (0: no chunks), got {attrs['chunk']}")
+    _req(not (attrs["window"] and attrs["chunk"]), "a window and a chunk together are not defined")
     _req(attrs["softcap"] >= 0, f"softcap must be >= 0 (0: none), got {attrs['softcap']}")
+    for s in sinks:
+        _float(s, "sinks")
+        _req(s.rank == 1, f"sinks must be [heads], got {s}")
+        _same_dim(s.shape[0], q.shape[2], "sinks and q heads")
 
 
 def _windowed_keys(s: int, window: int) -> int:
@@ -251,7 +259,7 @@ def _cost_attention(ins, outs, attrs) -> Cost:
 
 
 def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
-    q, kc, vc, table, pos = ins
+    q, kc, vc, table, pos = ins[:5]
     _float(q, "q")
     _req(kc.shape == vc.shape, f"k_cache {kc} and v_cache {vc} differ")
     _req(kc.rank == 4, f"caches must be [cache_blocks, block_size, kv_heads, head_dim], got {kc}")
@@ -262,7 +270,7 @@ def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[Tensor
         table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}"
     )
     _req(pos.shape == q.shape[:2], f"positions must be {format_shape(q.shape[:2])}, got {pos}")
-    _check_window_softcap(attrs)
+    _check_window_softcap(attrs, q, ins[5:])
     return [q]
 
 
@@ -320,12 +328,25 @@ def _infer_softmax(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
 
 
 def _infer_topk_router(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
-    (logits,) = ins
+    logits = ins[0]
     _float(logits, "router logits")
     _req(logits.rank >= 1, f"router logits must be [*, experts], got {logits}")
-    k, experts = attrs["k"], logits.shape[-1]
+    k, experts, mode = attrs["k"], logits.shape[-1], attrs["mode"]
     _req(k >= 1, "k must be >= 1")
     _req(not isinstance(experts, int) or k <= experts, f"k={k} exceeds the {experts} experts")
+    for bias in ins[1:]:
+        _req(mode == "sigmoid_topk", f"a selection bias is defined for mode sigmoid_topk only, not {mode}")
+        _float(bias, "router bias")
+        _req(bias.rank == 1, f"router bias must be [experts], got {bias}")
+        _same_dim(bias.shape[0], experts, "router bias and experts")
+    groups, chosen = attrs["groups"], attrs["topk_groups"] or attrs["groups"]
+    _req(groups >= 1 and 1 <= chosen <= groups, f"topk_groups {chosen} must be in 1..groups ({groups})")
+    if groups > 1:
+        _req(mode == "sigmoid_topk", f"expert groups are defined for mode sigmoid_topk only, not {mode}")
+        _req(isinstance(experts, int) and experts % groups == 0, f"{experts} experts in {groups} groups")
+        _req(experts // groups >= 2, "a group scores its two best experts: groups need >= 2 experts")
+        _req(k <= chosen * (experts // groups), f"k={k} exceeds the experts of {chosen} groups")
+    _req(attrs["scaling"] > 0, f"scaling must be > 0, got {attrs['scaling']}")
     lead = logits.shape[:-1]
     return [TensorType(DType.F32, (*lead, k)), TensorType(DType.I32, (*lead, k))]
 
@@ -335,7 +356,7 @@ def _cost_topk_router(ins, outs, attrs) -> Cost:
 
 
 def _infer_moe_ffn(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
-    x, weights, idx, wg, wu, wd = ins
+    x, weights, idx, wg, wu, wd = ins[:6]
     _float(x, "x")
     _req(x.rank >= 1 and weights.rank >= 1, f"x must be [*, dim] and routing [*, k], got {x} and {weights}")
     _float(weights, "routing weights")
@@ -345,6 +366,16 @@ def _infer_moe_ffn(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     _req(wg.rank == 3 and wg.shape == wu.shape, f"w_gate {wg} and w_up {wu} must be [experts, ffn, dim]")
     _same_dim(wg.shape[2], x.shape[-1], "w_gate input dim and x")
     _req(wd.shape == (wg.shape[0], wg.shape[2], wg.shape[1]), f"w_down must be [experts, dim, ffn], got {wd}")
+    biases = ins[6:]
+    _req(
+        len(biases) in (0, 3), f"expert biases come as b_gate, b_up, b_down or not at all, got {len(biases)}"
+    )
+    if biases:
+        bg, bu, bd = biases
+        _req(bg.shape == wg.shape[:2] and bu.shape == wg.shape[:2], f"b_gate {bg}, b_up {bu}: [experts, ffn]")
+        _req(bd.shape == (wg.shape[0], wg.shape[2]), f"b_down must be [experts, dim], got {bd}")
+    if attrs["activation"] == "swiglu_clamp":
+        _req(attrs["limit"] > 0, f"limit must be > 0, got {attrs['limit']}")
     return [x]
 
 
@@ -430,7 +461,44 @@ _EPS = {"eps": AttrSpec("float", default=1e-5)}
 # Sliding window (transformers' `sliding_window`: the window counts the token itself; 0 = full) and
 # logit soft-capping (Gemma 2's `attn_logit_softcapping`: scores = cap * tanh(q.k * scale / cap),
 # after the scale, before the mask and the softmax; 0 = none).
-_WINDOW_SOFTCAP = {"window": AttrSpec("int", default=0), "softcap": AttrSpec("float", default=0.0)}
+# Chunked attention (Llama 4's `attention_chunk_size`: the prompt is cut into chunks of `chunk` positions
+# and a query sees the keys of its own chunk up to itself; 0 = none). Sinks (gpt-oss): an optional last
+# input of one logit per query head that joins each row's softmax and carries no value (the row's
+# weights sum to less than 1).
+_WINDOW_SOFTCAP = {
+    "window": AttrSpec("int", default=0),
+    "softcap": AttrSpec("float", default=0.0),
+    "chunk": AttrSpec("int", default=0),
+}
+# Routers (weights f32 and indices i32 of the k chosen experts, per token; ties go to the lower index):
+# - topk_softmax (Mixtral, gpt-oss): the k largest logits, softmax over them;
+# - softmax_topk (Qwen3-MoE, OLMoE): softmax over all experts, the k largest probabilities;
+# - sigmoid_topk (GLM-4.5, MiniMax-M2, DeepSeek-V3): scores sigmoid(logits); experts are chosen by
+#   scores + bias (the optional second input, [E]: e_score_correction_bias), weighted by their scores;
+#   with groups > 1 the experts split into `groups` equal groups, each scored by the sum of its two best
+#   choice scores, and only the experts of the `topk_groups` best groups are candidates;
+# - topk_sigmoid (Llama 4): the k largest logits, each weighted by its sigmoid.
+# Then normalize: weights / their sum (softmax_topk, sigmoid_topk); then times `scaling`
+# (routed_scaling_factor).
+ROUTER_MODES = ("topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigmoid")
+_ROUTER = {
+    "k": AttrSpec("int", required=True),
+    "mode": AttrSpec("str", default="topk_softmax", choices=ROUTER_MODES),
+    "normalize": AttrSpec("bool", default=False),
+    "groups": AttrSpec("int", default=1),
+    "topk_groups": AttrSpec("int", default=0),  # 0: all groups
+    "scaling": AttrSpec("float", default=1.0),
+}
+# Experts: act "silu" is SwiGLU, silu(g) * u with g = gate x (+ b_gate), u = up x (+ b_up);
+# "swiglu_clamp" is gpt-oss's, g' = min(g, limit), u' = clip(u, -limit, limit), (u' + 1) * g' *
+# sigmoid(alpha g'). weight_input (Llama 4): the routing weight multiplies the expert's input rather
+# than its output.
+_EXPERTS = {
+    "activation": AttrSpec("str", default="silu", choices=("silu", "swiglu_clamp")),
+    "alpha": AttrSpec("float", default=1.702),
+    "limit": AttrSpec("float", default=7.0),
+    "weight_input": AttrSpec("bool", default=False),
+}
 # Rope: the frequency types of transformers' ROPE_INIT_FUNCTIONS (reference.rope_inv_freq computes each
 # as it does); each type reads only its own parameters. `rotary_dim` (0: the whole head) rotates the
 # first rotary_dim dims (rotate-half within them) and passes the rest through (partial_rotary_factor).
@@ -478,15 +546,17 @@ OPS: dict[str, OpDef] = {
         # --- attention and the KV cache
         OpDef("kv_write", "attention", (4, 4), _infer_kv_write, _cost_kv_write,
               doc="cache, x[B, S, Hkv, Dh], block_table, positions -> cache with x at its slots (in place)"),
-        OpDef("attention", "attention", (3, 3), _infer_attention, _cost_attention,
+        OpDef("attention", "attention", (3, 4), _infer_attention, _cost_attention,
               {"causal": AttrSpec("bool", default=True), "scale": AttrSpec("float", required=True),
                **_WINDOW_SOFTCAP},
-              doc="q[B, S, H, Dh], k, v[B, T, Hkv, Dh] -> [B, S, H, Dh] (grouped-query); causal: query i "
-                  "sees keys j <= i, and j > i - window under a window"),
-        OpDef("cache_attention", "attention", (5, 5), _infer_cache_attention, _cost_cache_attention,
+              doc="q[B, S, H, Dh], k, v[B, T, Hkv, Dh] (, sinks[H]) -> [B, S, H, Dh] (grouped-query); "
+                  "causal: query i sees keys j <= i, and j > i - window under a window, j // chunk == "
+                  "i // chunk under a chunk"),
+        OpDef("cache_attention", "attention", (5, 6), _infer_cache_attention, _cost_cache_attention,
               {"scale": AttrSpec("float", required=True), **_WINDOW_SOFTCAP},
-              doc="q[B, S, H, Dh] over the paged cache; token (b, s) at p = positions[b, s] sees positions "
-                  "k <= p, and k > p - window under a window"),
+              doc="q[B, S, H, Dh] over the paged cache (, sinks[H]); token (b, s) at p = positions[b, s] "
+                  "sees positions k <= p, and k > p - window under a window, k // chunk == p // chunk "
+                  "under a chunk"),
         # --- elementwise
         OpDef("silu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(4.0)),
         OpDef("gelu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(8.0),
@@ -504,15 +574,11 @@ OPS: dict[str, OpDef] = {
               {"axis": AttrSpec("int", default=-1)}),
         OpDef("argmax", "reduction", (1, 1), _infer_argmax, _cost_move, {"axis": AttrSpec("int", default=-1)}),
         # --- mixture of experts
-        OpDef("topk_router", "moe", (1, 1), _infer_topk_router, _cost_topk_router,
-              {"k": AttrSpec("int", required=True),
-               "mode": AttrSpec("str", default="topk_softmax", choices=("topk_softmax", "softmax_topk")),
-               "normalize": AttrSpec("bool", default=False)},
-              doc="logits[*, E] -> weights[*, k] f32, indices[*, k] i32; topk_softmax: Mixtral, "
-                  "softmax_topk (+ normalize): Qwen3-MoE"),
-        OpDef("moe_ffn", "moe", (6, 6), _infer_moe_ffn, _cost_moe_ffn,
-              doc="x[*, D], weights[*, k], indices[*, k], w_gate/w_up[E, F, D], w_down[E, D, F] -> "
-                  "sum_k weight * down(silu(gate x) * up x)"),
+        OpDef("topk_router", "moe", (1, 2), _infer_topk_router, _cost_topk_router, dict(_ROUTER),
+              doc="logits[*, E] (, bias[E]) -> weights[*, k] f32, indices[*, k] i32 (see _ROUTER)"),
+        OpDef("moe_ffn", "moe", (6, 9), _infer_moe_ffn, _cost_moe_ffn, dict(_EXPERTS),
+              doc="x[*, D], weights[*, k], indices[*, k], w_gate/w_up[E, F, D], w_down[E, D, F] (, b_gate/"
+                  "b_up[E, F], b_down[E, D]) -> sum_k weight * down(act(gate x, up x)) (see _EXPERTS)"),
         # --- layout
         OpDef("reshape", "layout", (1, 1), _infer_reshape, _cost_view, {"shape": AttrSpec("dims", required=True)}),
         OpDef("transpose", "layout", (1, 1), _infer_transpose, _cost_move,

@@ -191,9 +191,18 @@ def _kv_write(ins: list[Array], a: Mapping) -> list[Array]:
     return [cache]
 
 
-def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float, softcap: float = 0.0) -> Array:
+def _attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    visible: Array,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: Array | None = None,
+) -> Array:
     """q[B, S, H, Dh], k/v[B, T, Hkv, Dh], visible[B, S, T] -> [B, S, H, Dh], grouped-query; scores
-    soft-capped to softcap * tanh(scores / softcap) after the scale where softcap > 0."""
+    soft-capped to softcap * tanh(scores / softcap) after the scale where softcap > 0; sinks[H]: one more
+    logit per head in each row's softmax, with no value."""
     b, s, h, d = q.shape
     hkv = k.shape[2]
     qg = q.reshape(b, s, hkv, h // hkv, d)  # query heads grouped by the kv head they share
@@ -201,9 +210,15 @@ def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float, softcap:
     if softcap:
         scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
     scores = np.where(visible[:, None, None], scores, -np.inf)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p = p / p.sum(axis=-1, keepdims=True)
+    if sinks is None:
+        top = scores.max(axis=-1, keepdims=True)
+        total = np.float32(0)
+    else:
+        sink = f32(sinks).reshape(1, hkv, h // hkv, 1, 1)
+        top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+        total = np.exp(sink - top)
+    p = np.exp(scores - top)
+    p = p / (p.sum(axis=-1, keepdims=True) + total)
     # A slot no query sees may hold anything (unwritten cache memory, a block outside the window, NaN
     # included): it must not reach the output (its scores are already masked to -inf).
     v = np.where(visible.any(axis=1)[:, :, None, None], v, np.float32(0))
@@ -212,18 +227,21 @@ def _attend(q: Array, k: Array, v: Array, visible: Array, scale: float, softcap:
 
 
 def _attention(ins: list[Array], a: Mapping) -> list[Array]:
-    q, k, v = (f32(t) for t in ins)
+    q, k, v = (f32(t) for t in ins[:3])
     s, t = q.shape[1], k.shape[1]
     visible = np.ones((q.shape[0], s, t), dtype=bool)
     if a["causal"]:
         visible &= np.tril(np.ones((s, t), dtype=bool))
     if a["window"]:  # causal: query i sees keys i - window < j <= i
         visible &= ~np.tril(np.ones((s, t), dtype=bool), -a["window"])
-    return [_attend(q, k, v, visible, a["scale"], a["softcap"])]
+    if a["chunk"]:  # causal: query i sees keys j <= i of its own chunk
+        visible &= (np.arange(s)[:, None] // a["chunk"]) == (np.arange(t)[None, :] // a["chunk"])
+    sinks = ins[3] if len(ins) > 3 else None
+    return [_attend(q, k, v, visible, a["scale"], a["softcap"], sinks)]
 
 
 def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
-    q, kc, vc, table, pos = ins
+    q, kc, vc, table, pos = ins[:5]
     nb, bs, hkv, d = kc.shape
     k = f32(kc[table]).reshape(table.shape[0], table.shape[1] * bs, hkv, d)  # [B, T, Hkv, Dh]
     v = f32(vc[table]).reshape(table.shape[0], table.shape[1] * bs, hkv, d)
@@ -231,7 +249,10 @@ def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
     visible = t[None, None, :] <= pos[:, :, None]  # [B, S, T]
     if a["window"]:
         visible &= t[None, None, :] > pos[:, :, None] - a["window"]
-    return [_attend(f32(q), k, v, visible, a["scale"], a["softcap"])]
+    if a["chunk"]:
+        visible &= t[None, None, :] // a["chunk"] == pos[:, :, None] // a["chunk"]
+    sinks = ins[5] if len(ins) > 5 else None
+    return [_attend(f32(q), k, v, visible, a["scale"], a["softcap"], sinks)]
 
 
 def _silu(ins: list[Array], a: Mapping) -> list[Array]:
@@ -288,19 +309,54 @@ def _topk(x: Array, k: int) -> tuple[Array, Array]:
     return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int32)
 
 
+def _sigmoid(x: Array) -> Array:
+    with np.errstate(over="ignore"):  # exp(-x) of a large negative x is inf: sigmoid 0
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
 def _topk_router(ins: list[Array], a: Mapping) -> list[Array]:
-    logits = f32(ins[0])
-    if a["mode"] == "topk_softmax":
-        vals, idx = _topk(logits, a["k"])
-        return [softmax(vals), idx]
-    vals, idx = _topk(softmax(logits), a["k"])
-    if a["normalize"]:
+    """The routers of ops._ROUTER."""
+    logits, mode, k = f32(ins[0]), a["mode"], a["k"]
+    if mode == "topk_softmax":
+        vals, idx = _topk(logits, k)
+        vals = softmax(vals)
+    elif mode == "topk_sigmoid":
+        vals, idx = _topk(logits, k)
+        vals = _sigmoid(vals)
+    elif mode == "softmax_topk":
+        vals, idx = _topk(softmax(logits), k)
+    else:  # sigmoid_topk
+        scores = _sigmoid(logits)
+        choice = scores + f32(ins[1]) if len(ins) > 1 else scores
+        groups = a["groups"]
+        if groups > 1:
+            e = choice.shape[-1]
+            grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)
+            best2, _ = _topk(grouped, 2)
+            _, keep = _topk(best2.sum(axis=-1), a["topk_groups"] or groups)  # [*, topk_groups]
+            allowed = np.zeros(grouped.shape[:-1], dtype=bool)
+            np.put_along_axis(allowed, keep, True, axis=-1)
+            choice = np.where(np.repeat(allowed, e // groups, axis=-1), choice, -np.inf)
+        _, idx = _topk(choice, k)
+        vals = np.take_along_axis(scores, idx, axis=-1)
+    if a["normalize"] and mode in ("softmax_topk", "sigmoid_topk"):
         vals = vals / vals.sum(axis=-1, keepdims=True)
-    return [vals, idx]
+    return [(vals * np.float32(a["scaling"])).astype(np.float32), idx]
+
+
+def expert_activation(g: Array, u: Array, a: Mapping) -> Array:
+    """The expert's gated activation of gate and up projections (ops._EXPERTS), in f32."""
+    if a["activation"] == "swiglu_clamp":
+        limit = np.float32(a["limit"])
+        g = np.minimum(g, limit)
+        u = np.clip(u, -limit, limit)
+        return (u + np.float32(1)) * g * _sigmoid(np.float32(a["alpha"]) * g)
+    return g * _sigmoid(g) * u
 
 
 def _moe_ffn(ins: list[Array], a: Mapping) -> list[Array]:
-    x, weights, idx, wg, wu, wd = ins
+    x, weights, idx, wg, wu, wd = ins[:6]
+    biases = [f32(b) for b in ins[6:]]
     lead = x.shape[:-1]
     xt = f32(x).reshape(-1, x.shape[-1])  # [T, D]
     wt = f32(weights).reshape(-1, weights.shape[-1])  # [T, k]
@@ -308,10 +364,15 @@ def _moe_ffn(ins: list[Array], a: Mapping) -> list[Array]:
     out = np.zeros_like(xt)
     for e in np.unique(it):
         tok, slot = np.nonzero(it == e)
-        h = xt[tok]
-        g = h @ f32(wg[e]).T
-        act = g / (1.0 + np.exp(-g)) * (h @ f32(wu[e]).T)
-        np.add.at(out, tok, wt[tok, slot][:, None] * (act @ f32(wd[e]).T))
+        w = wt[tok, slot][:, None]
+        h = xt[tok] * w if a["weight_input"] else xt[tok]
+        g, u = h @ f32(wg[e]).T, h @ f32(wu[e]).T
+        if biases:
+            g, u = g + biases[0][e], u + biases[1][e]
+        y = expert_activation(g, u, a) @ f32(wd[e]).T
+        if biases:
+            y = y + biases[2][e]
+        np.add.at(out, tok, y if a["weight_input"] else w * y)
     return [out.reshape(*lead, x.shape[-1])]
 
 
