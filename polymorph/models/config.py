@@ -5,9 +5,14 @@ without its sliding window), Qwen2 ("qwen2": q/k/v biases), Qwen3 ("qwen3": per-
 head_dim independent of the width), Gemma 2 and Gemma 3 ("gemma2", "gemma3_text": soft-capping,
 alternating local/global layers with their own rope, (1 + w) RMSNorm, scaled embeddings, pre/post
 feed-forward norms), Phi-3 ("phi3": fused qkv and gate_up weights, longrope, partial rotary) and
-Granite ("granite": embedding, residual, attention and logits multipliers); MoE: Mixtral ("mixtral")
-and Qwen3-MoE ("qwen3_moe"). Rope types default, linear, dynamic, yarn, longrope and llama3;
-activations silu, gelu and gelu-tanh.
+Granite ("granite": embedding, residual, attention and logits multipliers); MoE: Mixtral ("mixtral"),
+Qwen3-MoE ("qwen3_moe", with dense layers by `mlp_only_layers` and `decoder_sparse_step`), OLMoE
+("olmoe": q/k RMSNorm over the whole projection), GLM-4.5 ("glm4_moe": sigmoid router with a correction
+bias, grouped top-k, routed scaling, shared experts, first dense layers, partial rotary), MiniMax-M2
+("minimax_m2": sigmoid router with a correction bias, whole-projection q/k norms, partial rotary) and
+gpt-oss ("gpt_oss": attention sinks, alternating sliding and full layers, biases on every projection and
+expert, its clamped SwiGLU, a router bias). Rope types default, linear, dynamic, yarn, longrope and
+llama3; activations silu, gelu and gelu-tanh.
 
 Both forms that transformers writes are read: the transformers-4 form (`rope_theta` + `rope_scaling`,
 `torch_dtype`, Gemma 3's `rope_local_base_freq` and `sliding_window_pattern`) and the transformers-5
@@ -36,16 +41,22 @@ import numpy as np
 from polymorph.errors import UserError
 
 ModelType = Literal[
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe"
-]
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss",
+]  # fmt: skip
 RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3"]
 Activation = Literal["silu", "gelu", "gelu_tanh"]
-RouterStyle = Literal["topk_softmax", "softmax_topk"]
+RouterStyle = Literal["topk_softmax", "softmax_topk", "sigmoid_topk"]
 
 MODEL_TYPES: tuple[ModelType, ...] = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe"
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss",
 )  # fmt: skip
-MOE_TYPES: tuple[ModelType, ...] = ("mixtral", "qwen3_moe")
+MOE_TYPES: tuple[ModelType, ...] = ("mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss")
+# q/k RMSNorm over each head (Qwen3, Gemma 3; GLM-4.5 with use_qk_norm) or over the whole projection
+# before it is split into heads (OLMoE, MiniMax-M2)
+_HEAD_QK_NORM: tuple[ModelType, ...] = ("qwen3", "qwen3_moe", "gemma3_text")
+_FULL_QK_NORM: tuple[ModelType, ...] = ("olmoe", "minimax_m2")
 GEMMA_TYPES: tuple[ModelType, ...] = ("gemma2", "gemma3_text")
 ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -85,6 +96,17 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096 * 32, "rope_theta": 1e6},
     "qwen3_moe": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "rope_theta": 10000.0,
                   "sliding_window": 4096},
+    # transformers 5.24's OlmoeConfig, Glm4MoeConfig, MiniMaxM2Config and GptOssConfig defaults
+    "olmoe": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "rope_theta": 10000.0},
+    "glm4_moe": {"rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 10000.0,
+                 "partial_rotary_factor": 0.5, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+                 "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1},
+    "minimax_m2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 196608, "rope_theta": 5e6,
+                   "head_dim": 128},
+    "gpt_oss": {"rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 150000.0,
+                "head_dim": 64, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0,
+                "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "truncate": False, "original_max_position_embeddings": 4096}},
 }  # fmt: skip
 _ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
@@ -97,6 +119,10 @@ _ARCHITECTURES: dict[str, str] = {
     "granite": "GraniteForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -183,11 +209,18 @@ class ModelConfig:
     """One decoder-only model's shape and numerics, independent of the model type where the types agree.
 
     MoE fields (`num_experts`, `num_experts_per_tok`, `router`) are None for the dense families;
-    `moe_intermediate_size` is set for qwen3_moe only (Mixtral's experts use `intermediate_size`, see
-    `expert_intermediate_size`). `router` says how routing weights are formed from the router logits:
-    "topk_softmax" (Mixtral) takes the top-k logits and softmaxes over them; "softmax_topk" (Qwen3-MoE)
-    softmaxes over all experts, takes the top-k probabilities and renormalizes them to sum 1 only when
-    `norm_topk_prob`. (Mixtral's form equals "softmax_topk" with renormalization.)
+    `moe_intermediate_size` is the experts' width where it differs from `intermediate_size` (see
+    `expert_intermediate_size`; `intermediate_size` is then the dense layers'). `router` says how
+    routing weights are formed from the router logits (the IR's topk_router modes, ops._ROUTER):
+    "topk_softmax" (Mixtral, gpt-oss) takes the top-k logits and softmaxes over them; "softmax_topk"
+    (Qwen3-MoE, OLMoE) softmaxes over all experts, takes the top-k probabilities and renormalizes them
+    to sum 1 only when `norm_topk_prob`; "sigmoid_topk" (GLM-4.5, MiniMax-M2) chooses by sigmoid scores
+    plus `mlp.gate.e_score_correction_bias` (`selection_bias`), within the `router_topk_groups` best of
+    `router_groups` groups, and weighs by the scores, renormalized when `norm_topk_prob`, times
+    `routed_scaling`. `dense_layers`: the layers of an MoE model with a dense MLP of
+    `intermediate_size`; `shared_expert_size`: the width of the shared experts' MLP added to the routed
+    ones (0: none). gpt-oss: `router_bias`, `expert_bias` and `expert_activation` "swiglu_clamp"
+    (`swiglu_alpha`, `swiglu_limit`), `attention_sinks`.
 
     `layer_types` gives each layer "full_attention" or "sliding_attention" (empty: all full); sliding
     layers attend through `sliding_window` tokens (the token itself counted) and use `rope_local` when
@@ -214,6 +247,19 @@ class ModelConfig:
     moe_intermediate_size: int | None = None
     norm_topk_prob: bool = False
     router: RouterStyle | None = None
+    dense_layers: tuple[int, ...] = field(default=())
+    shared_expert_size: int = 0
+    router_groups: int = 1
+    router_topk_groups: int = 0
+    routed_scaling: float = 1.0
+    router_bias: bool = False
+    selection_bias: bool = False
+    expert_bias: bool = False
+    expert_activation: Literal["silu", "swiglu_clamp"] = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
+    use_qk_norm: bool = False
     hidden_act: Activation = "silu"
     layer_types: tuple[str, ...] = field(default=())
     sliding_window: int | None = None
@@ -236,8 +282,14 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        """Whether attention applies an RMSNorm over head_dim to q and k (Qwen3, Gemma 3)."""
-        return self.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
+        """Whether attention applies an RMSNorm over head_dim to q and k (Qwen3, Gemma 3, GLM-4.5's
+        use_qk_norm)."""
+        return self.model_type in _HEAD_QK_NORM or self.use_qk_norm
+
+    @property
+    def qk_norm_full(self) -> bool:
+        """Whether attention applies an RMSNorm to the whole q and k projections (OLMoE, MiniMax-M2)."""
+        return self.model_type in _FULL_QK_NORM
 
     @property
     def qkv_bias(self) -> bool:
@@ -246,15 +298,19 @@ class ModelConfig:
 
     @property
     def o_bias(self) -> bool:
-        """Whether the output projection has a bias (`attention_bias`; never for Qwen2)."""
-        return self.attention_bias
+        """Whether the output projection has a bias (`attention_bias`; never for Qwen2 or GLM-4.5)."""
+        return self.attention_bias and self.model_type != "glm4_moe"
 
     @property
     def expert_intermediate_size(self) -> int | None:
         """The hidden width of one expert's MLP; None for dense models."""
-        if self.model_type == "mixtral":
-            return self.intermediate_size
-        return self.moe_intermediate_size
+        if not self.is_moe:
+            return None
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether `layer`'s feed-forward is the routed experts (else a dense MLP)."""
+        return self.is_moe and layer not in self.dense_layers
 
     @property
     def scale(self) -> float:
@@ -329,7 +385,11 @@ class ModelConfig:
             "rope_local": rope_local,
             "tie_word_embeddings": r.bool_("tie_word_embeddings", defaults.get("tie_word_embeddings", False)),
             # the families whose transformers classes read them; the others have no such biases
-            "attention_bias": r.bool_("attention_bias", False) if kind in _ATTENTION_BIAS else False,
+            "attention_bias": (
+                r.bool_("attention_bias", defaults.get("attention_bias", False))
+                if kind in _ATTENTION_BIAS
+                else False
+            ),
             "mlp_bias": r.bool_("mlp_bias", False) if kind in ("llama", "granite") else False,
             "dtype": _parse_dtype(r),
             "hidden_act": hidden_act,
@@ -350,33 +410,8 @@ class ModelConfig:
                 logits_scaling=_positive(r, "logits_scaling", defaults),
             )
 
-        if kind == "mixtral":
-            fields.update(
-                num_experts=r.int_(("num_local_experts", "num_experts")),
-                num_experts_per_tok=r.int_("num_experts_per_tok"),
-                router="topk_softmax",
-                norm_topk_prob=True,
-            )
-        elif kind == "qwen3_moe":
-            step = r.int_("decoder_sparse_step", 1)
-            dense_layers = d.get("mlp_only_layers") or []
-            if step != 1 or dense_layers:
-                raise UserError(
-                    f"{source}: only all-MoE Qwen3-MoE models are supported (decoder_sparse_step=1, "
-                    f"mlp_only_layers=[]), got decoder_sparse_step={step}, mlp_only_layers={dense_layers}"
-                )
-            fields.update(
-                num_experts=r.int_(("num_experts", "num_local_experts")),
-                num_experts_per_tok=r.int_("num_experts_per_tok"),
-                moe_intermediate_size=r.int_("moe_intermediate_size"),
-                norm_topk_prob=r.bool_("norm_topk_prob", False),
-                router="softmax_topk",
-            )
-        if fields.get("num_experts") is not None and fields["num_experts_per_tok"] > fields["num_experts"]:
-            raise UserError(
-                f"{source}: num_experts_per_tok {fields['num_experts_per_tok']} exceeds the "
-                f"{fields['num_experts']} experts"
-            )
+        if kind in MOE_TYPES:
+            fields.update(_parse_moe(r, kind, layers))
         cfg = cls(**fields)
         _require_ir(cfg, source)
         return cfg
@@ -409,12 +444,17 @@ class ModelConfig:
         window = self.sliding_window if windowed else None
         if self.model_type in ("mistral", "mixtral", "phi3"):
             d["sliding_window"] = window
+        if self.model_type == "gpt_oss":
+            d.update(
+                sliding_window=self.sliding_window,
+                layer_types=list(self.layer_types or [FULL] * self.num_hidden_layers),
+            )
         if self.model_type in ("qwen2", "qwen3", "qwen3_moe"):
             d.update(use_sliding_window=windowed, sliding_window=window)
             if windowed and self.model_type != "qwen3_moe":
                 d.update(layer_types=list(self.layer_types), max_window_layers=self.num_hidden_layers)
-        if self.rope.rotary_dim:
-            d["partial_rotary_factor"] = self.rope.rotary_dim / self.head_dim
+        if self.rope.rotary_dim or self.model_type in _PARTIAL_ROTARY:  # glm4_moe's default is 0.5
+            d["partial_rotary_factor"] = (self.rope.rotary_dim or self.head_dim) / self.head_dim
         if self.model_type == "phi3" and self.rope.original_max_position_embeddings is not None:
             d["original_max_position_embeddings"] = self.rope.original_max_position_embeddings
         if self.model_type in GEMMA_TYPES:
@@ -435,17 +475,8 @@ class ModelConfig:
                 residual_multiplier=self.residual_multiplier,
                 logits_scaling=self.logits_scaling,
             )
-        if self.model_type == "mixtral":
-            d.update(num_local_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok)
-        elif self.model_type == "qwen3_moe":
-            d.update(
-                num_experts=self.num_experts,
-                num_experts_per_tok=self.num_experts_per_tok,
-                moe_intermediate_size=self.moe_intermediate_size,
-                norm_topk_prob=self.norm_topk_prob,
-                decoder_sparse_step=1,
-                mlp_only_layers=[],
-            )
+        if self.is_moe:
+            d.update(_moe_to_hf(self))
         if self.dtype is not None:
             d["torch_dtype"] = self.dtype
         return d
@@ -462,17 +493,23 @@ class ModelConfig:
             attn += h
         if self.qk_norm:
             attn += 2 * self.head_dim
+        if self.qk_norm_full:
+            attn += q_width + kv_width
+        if self.attention_sinks:
+            attn += self.num_attention_heads
+        dense = 3 * h * self.intermediate_size
+        if self.mlp_bias:
+            dense += 2 * self.intermediate_size + h
+        moe = 0
         if self.is_moe:
-            assert self.num_experts is not None and self.expert_intermediate_size is not None
-            mlp = self.num_experts * h + self.num_experts * 3 * h * self.expert_intermediate_size
-        else:
-            mlp = 3 * h * self.intermediate_size
-            if self.mlp_bias:
-                mlp += 2 * self.intermediate_size + h
+            e, f = self.num_experts or 0, self.expert_intermediate_size or 0
+            moe = e * h + e * 3 * h * f + 3 * h * self.shared_expert_size
+            moe += e * (self.router_bias + self.selection_bias) + (e * (2 * f + h) if self.expert_bias else 0)
+        moe_layers = sum(self.layer_is_moe(i) for i in range(layers))
         norms = 4 if self.is_gemma else 2  # Gemma adds pre/post feed-forward norms
-        per_layer = attn + mlp + norms * h
+        body = layers * (attn + norms * h) + moe_layers * moe + (layers - moe_layers) * dense
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embeddings + layers * per_layer + h  # + final RMSNorm
+        return embeddings + body + h  # + final RMSNorm
 
     def weight_bytes(self, dtype_bytes: float) -> int:
         """Bytes the weights take at `dtype_bytes` per parameter (2 for bf16, 1 for fp8)."""
@@ -554,6 +591,96 @@ class _Reader:
         return v
 
 
+def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """The MoE keys of `c`'s config.json (the inverse of `_parse_moe`)."""
+    kind = c.model_type
+    d: dict[str, Any] = {"num_experts_per_tok": c.num_experts_per_tok}
+    d["n_routed_experts" if kind == "glm4_moe" else "num_experts" if kind in ("qwen3_moe", "olmoe")
+      else "num_local_experts"] = c.num_experts  # fmt: skip
+    if kind in ("qwen3_moe", "olmoe", "glm4_moe"):
+        d["norm_topk_prob"] = c.norm_topk_prob
+    if kind in ("qwen3_moe", "glm4_moe"):
+        d["moe_intermediate_size"] = c.moe_intermediate_size
+    if kind == "qwen3_moe":
+        d.update(decoder_sparse_step=1, mlp_only_layers=list(c.dense_layers))
+    elif kind == "glm4_moe":
+        first = len(c.dense_layers)
+        assert c.dense_layers == tuple(range(first)), c.dense_layers
+        assert c.moe_intermediate_size and c.shared_expert_size % c.moe_intermediate_size == 0
+        d.update(
+            first_k_dense_replace=first, n_group=c.router_groups, topk_group=c.router_topk_groups,
+            routed_scaling_factor=c.routed_scaling, n_shared_experts=c.shared_expert_size // c.moe_intermediate_size,
+            use_qk_norm=c.use_qk_norm,
+        )  # fmt: skip
+    elif kind == "gpt_oss":
+        d.update(swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
+    return d
+
+
+def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
+    """The MoE fields of `kind`, read as its transformers class reads them."""
+    d, source, defaults = r.d, r.source, _DEFAULTS[kind]
+    experts_key = ("n_routed_experts",) if kind == "glm4_moe" else ("num_local_experts", "num_experts")
+    f: dict[str, Any] = {
+        "num_experts": r.int_(experts_key),
+        "num_experts_per_tok": r.int_("num_experts_per_tok"),
+    }
+    if f["num_experts_per_tok"] > f["num_experts"]:
+        raise UserError(
+            f"{source}: num_experts_per_tok {f['num_experts_per_tok']} exceeds the {f['num_experts']} experts"
+        )
+    if kind in ("mixtral", "gpt_oss"):
+        f.update(router="topk_softmax", norm_topk_prob=True)
+    elif kind in ("qwen3_moe", "olmoe"):
+        f.update(router="softmax_topk", norm_topk_prob=r.bool_("norm_topk_prob", False))
+    else:  # glm4_moe, minimax_m2
+        f.update(router="sigmoid_topk", selection_bias=True)
+        f["norm_topk_prob"] = (
+            r.bool_("norm_topk_prob", defaults["norm_topk_prob"]) if kind == "glm4_moe" else True
+        )
+    if kind in ("qwen3_moe", "glm4_moe"):
+        f["moe_intermediate_size"] = r.int_("moe_intermediate_size")
+    if kind == "qwen3_moe":
+        # Qwen3MoeDecoderLayer: experts where the layer is not in mlp_only_layers and
+        # (layer + 1) % decoder_sparse_step == 0, else a dense MLP of intermediate_size
+        step = r.int_("decoder_sparse_step", 1)
+        only = d.get("mlp_only_layers") or []
+        if not isinstance(only, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in only
+        ):
+            raise r._bad("mlp_only_layers", only, "a list of layer indices")
+        f["dense_layers"] = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    elif kind == "glm4_moe":
+        first = d.get("first_k_dense_replace", defaults["first_k_dense_replace"])
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise r._bad("first_k_dense_replace", first, "a non-negative integer")
+        groups = r.int_("n_group", defaults["n_group"])
+        chosen = r.int_("topk_group", defaults["topk_group"])
+        if f["num_experts"] % groups or chosen > groups:
+            raise UserError(
+                f"{source}: n_group {groups} must divide n_routed_experts {f['num_experts']} and be at least "
+                f"topk_group {chosen}"
+            )
+        shared = d.get("n_shared_experts", defaults["n_shared_experts"])
+        if shared is not None and (isinstance(shared, bool) or not isinstance(shared, int) or shared < 0):
+            raise r._bad("n_shared_experts", shared, "a non-negative integer or null")
+        f.update(
+            dense_layers=tuple(range(min(first, layers))),
+            router_groups=groups,
+            router_topk_groups=chosen,
+            routed_scaling=_positive(r, "routed_scaling_factor", defaults),
+            shared_expert_size=f["moe_intermediate_size"] * (shared or 0),
+            use_qk_norm=r.bool_("use_qk_norm", False),
+        )
+    elif kind == "gpt_oss":
+        limit = _positive(r, "swiglu_limit", defaults)
+        f.update(
+            router_bias=True, expert_bias=True, expert_activation="swiglu_clamp", swiglu_limit=limit,
+            swiglu_alpha=r.float_("swiglu_alpha", 1.702), attention_sinks=True,
+        )  # fmt: skip
+    return f
+
+
 def _parse_dtype(r: _Reader) -> str | None:
     _, v = r._get(("dtype", "torch_dtype"), None)
     if v is None:
@@ -620,7 +747,7 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
     window = d.get("sliding_window", _DEFAULTS[kind].get("sliding_window"))
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise r._bad("sliding_window", window, "a positive integer or null")
-    if kind in ("llama", "granite"):
+    if kind in ("llama", "granite", "olmoe", "glm4_moe", "minimax_m2"):
         if window is not None:
             raise UserError(
                 f"{source}: sliding_window={window!r} asks for sliding-window attention, which {kind} does "
@@ -637,6 +764,8 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
         chosen = [SLIDING] * layers  # transformers windows every layer; layer_types is not read
     elif types is not None:
         chosen = list(types)
+    elif kind == "gpt_oss":  # GptOssConfig: sliding, full, sliding, ...
+        chosen = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
     elif kind in ("qwen2", "qwen3"):
         first = d.get("max_window_layers", _DEFAULTS[kind]["max_window_layers"])
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
@@ -683,6 +812,8 @@ def _parse_ropes(
         )
     key = "rope_scaling" if scaling_raw else "rope_parameters"
     scaling: dict[str, Any] = dict((scaling_raw if scaling_raw else params_raw) or {})
+    if not scaling_raw and not (params_raw or {}).get("rope_type") and "rope_scaling" in _DEFAULTS[kind]:
+        scaling = {**_DEFAULTS[kind]["rope_scaling"], **scaling}  # gpt-oss: yarn unless told otherwise
     nested = [k for k, v in scaling.items() if isinstance(v, dict)]
     if nested:
         raise UserError(
@@ -691,6 +822,9 @@ def _parse_ropes(
         )
     scaling.setdefault("rope_theta", top_theta)
     return _rope_from(scaling, d, source, f"{source}: {key}", kind, max_positions, head_dim), None
+
+
+_PARTIAL_ROTARY = ("phi3", "glm4_moe", "minimax_m2")
 
 
 def _number(where: str, name: str, v: Any, positive: bool = True) -> float:
@@ -722,12 +856,16 @@ def _rope_from(
         raise UserError(
             f"{where}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
-    partial = s.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    partial = s.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if partial is None and kind == "minimax_m2" and d.get("rotary_dim") is not None:
+        partial = _number(source, "rotary_dim", d["rotary_dim"]) / head_dim  # its released configs' key
+    if partial is None:
+        partial = _DEFAULTS[kind].get("partial_rotary_factor", 1.0)
     partial = _number(where, "partial_rotary_factor", partial)
-    if partial != 1.0 and kind != "phi3":
+    if partial != 1.0 and kind not in _PARTIAL_ROTARY:
         raise UserError(
             f"{where}: partial_rotary_factor={partial!r} (rope on part of each head) is not implemented for "
-            f"{kind}; only phi3 rotates part of the head"
+            f"{kind}; only {', '.join(_PARTIAL_ROTARY)} rotate part of the head"
         )
     dim = int(head_dim * partial)
     if dim % 2 or dim <= 0 or dim > head_dim:
@@ -842,7 +980,17 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
 
 
 # Families whose transformers classes read `attention_bias` (bias on q, k, v and o).
-_ATTENTION_BIAS = ("llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text")
+_ATTENTION_BIAS = (
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "granite",
+    "gemma2",
+    "gemma3_text",
+    "olmoe",
+    "glm4_moe",
+    "gpt_oss",
+)
 
 
 def _is_one(v: Any, head_dim: int) -> bool:
@@ -874,11 +1022,11 @@ _UNIMPLEMENTED: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "embedding_multiplier": ("scaled embeddings", _is_one, ("granite",)),
     "residual_multiplier": ("scaled residual branches", _is_one, ("granite",)),
     "logits_scaling": ("scaled output logits", _is_one, ("granite",)),
-    "partial_rotary_factor": ("rope on part of each head", _is_one, ("phi3",)),
+    "partial_rotary_factor": ("rope on part of each head", _is_one, ("phi3", "glm4_moe", "minimax_m2")),
     "logit_scale": ("scaled output logits", _is_one, ()),
     "clip_qkv": ("clipped q/k/v activations", _is_off, ()),
     "attention_chunk_size": ("chunked local attention", _is_off, ()),
-    "use_qk_norm": ("an RMSNorm of q and k", _is_off, ()),
+    "use_qk_norm": ("an RMSNorm of q and k", _is_off, ("glm4_moe", "minimax_m2")),
     "use_bidirectional_attention": ("bidirectional attention", _is_off, ()),
     "rope_local_base_freq": ("a second rope base for local layers", _is_off, ("gemma3_text",)),
 }  # fmt: skip

@@ -1,11 +1,12 @@
 """Graph builders for decoder-only transformers: the dense Llama (2, 3, 3.1, 3.2), Mistral, Qwen2,
-Qwen3, Gemma 2, Gemma 3, Phi-3 and Granite, and the MoE Mixtral and Qwen3-MoE.
+Qwen3, Gemma 2, Gemma 3, Phi-3 and Granite, and the MoE Mixtral, Qwen3-MoE, OLMoE, GLM-4.5, MiniMax-M2
+and gpt-oss.
 
 One step of the model, for any mix of prefill and decode: `seq` new tokens per sequence at absolute
 `positions`, written into the paged KV cache and attended causally over everything the cache holds
 up to each token's position (within the layer's sliding window, if it has one). Parameter names are
 the Hugging Face checkpoint's, except the experts of an MoE layer, which are stacked per layer (see
-`weights.expert_param_names`), and Phi-3's fused `qkv_proj` and `gate_up_proj`, which the graph reads
+`weights.expert_param_names`, `expert_bias_names`), and Phi-3's fused `qkv_proj` and `gate_up_proj`, which the graph reads
 as the q/k/v and gate/up projections of the other families (split at load, `weights._find`).
 Gemma's (1 + w) RMSNorm weights are folded at load (graph meta `norm_weight_offset`).
 
@@ -27,9 +28,25 @@ def expert_param_names(prefix: str) -> tuple[str, str, str]:
     return f"{prefix}.experts.w_gate", f"{prefix}.experts.w_up", f"{prefix}.experts.w_down"
 
 
+def expert_bias_names(prefix: str) -> tuple[str, str, str]:
+    """Stacked expert biases (gpt-oss): b_gate [E, F], b_up [E, F], b_down [E, D]."""
+    return f"{prefix}.experts.b_gate", f"{prefix}.experts.b_up", f"{prefix}.experts.b_down"
+
+
 def moe_prefix(cfg: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe" if cfg.model_type == "mixtral" else "mlp"
+    block = "block_sparse_moe" if cfg.model_type in ("mixtral", "minimax_m2") else "mlp"
     return f"model.layers.{layer}.{block}"
+
+
+def router_name(cfg: ModelConfig) -> str:
+    """The router projection's module under the MoE block (`gate`; gpt-oss: `router`)."""
+    return "router" if cfg.model_type == "gpt_oss" else "gate"
+
+
+def selection_bias_name(cfg: ModelConfig, layer: int) -> str:
+    """The correction bias of a sigmoid router: under the router (GLM-4.5) or the block (MiniMax-M2)."""
+    under = "" if cfg.model_type == "minimax_m2" else ".gate"
+    return f"{moe_prefix(cfg, layer)}{under}.e_score_correction_bias"
 
 
 def build_decoder(
@@ -86,6 +103,56 @@ def build_decoder(
             branch = g.op("scale", f"{node}_scale", branch, factor=cfg.residual_multiplier)
         return g.op("add", node, x, branch)
 
+    def mlp(node: str, h: str, prefix: str, f: int) -> str:
+        """A dense gated MLP: down(act(gate h) * up h)."""
+        mb = cfg.mlp_bias
+        gate = linear(f"{node}.gate", h, f"{prefix}.gate_proj", f, d, mb)
+        up = linear(f"{node}.up", h, f"{prefix}.up_proj", f, d, mb)
+        if cfg.hidden_act == "silu":
+            act = g.op("silu", f"{node}.silu", gate)
+        else:
+            approximate = "tanh" if cfg.hidden_act == "gelu_tanh" else "none"
+            act = g.op("gelu", f"{node}.gelu", gate, approximate=approximate)
+        act = g.op("mul", f"{node}.{'swiglu' if cfg.hidden_act == 'silu' else 'geglu'}", act, up)
+        return linear(f"{node}.down", act, f"{prefix}.down_proj", d, f, mb)
+
+    def moe(n: str, i: int, h: str) -> str:
+        """The routed experts of layer i: the router's top-k, then each token's experts, weighted."""
+        mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
+        assert e is not None and f is not None
+        logits = linear(f"{n}.moe.router", h, f"{mp}.{router_name(cfg)}", e, d, cfg.router_bias)  # [B, S, E]
+        bias = (g.param(selection_bias_name(cfg, i), DType.F32, (e,)),) if cfg.selection_bias else ()
+        router_attrs: dict[str, object] = {
+            "k": cfg.num_experts_per_tok, "mode": cfg.router, "normalize": bool(cfg.norm_topk_prob),
+        }  # fmt: skip
+        if cfg.router_groups > 1:
+            router_attrs.update(groups=cfg.router_groups, topk_groups=cfg.router_topk_groups)
+        if cfg.routed_scaling != 1.0:
+            router_attrs["scaling"] = cfg.routed_scaling
+        w, idx = g.op(
+            "topk_router",
+            f"{n}.moe.topk",
+            logits,
+            *bias,
+            outputs=(f"{n}.moe.topk.weights", f"{n}.moe.topk.indices"),
+            **router_attrs,
+        )
+        wg, wu, wd = expert_param_names(mp)
+        experts = [
+            g.param(wg, dtype, (e, f, d)),
+            g.param(wu, dtype, (e, f, d)),
+            g.param(wd, dtype, (e, d, f)),
+        ]
+        if cfg.expert_bias:
+            bg, bu, bd = expert_bias_names(mp)
+            experts += [g.param(bg, dtype, (e, f)), g.param(bu, dtype, (e, f)), g.param(bd, dtype, (e, d))]
+        expert_attrs: dict[str, object] = {}
+        if cfg.expert_activation != "silu":
+            expert_attrs.update(
+                activation=cfg.expert_activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit
+            )
+        return g.op("moe_ffn", f"{n}.moe.experts", h, w, idx, *experts, **expert_attrs)
+
     # Gemma: input_layernorm, post_attention_layernorm (on the attention's output), then
     # pre_feedforward_layernorm and post_feedforward_layernorm around the MLP; the others normalize the
     # MLP's input with post_attention_layernorm.
@@ -99,6 +166,9 @@ def build_decoder(
         q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, qkv_bias)
         k = linear(f"{n}.attn.k", h, f"{p}.self_attn.k_proj", nkv * hd, d, qkv_bias)
         v = linear(f"{n}.attn.v", h, f"{p}.self_attn.v_proj", nkv * hd, d, qkv_bias)
+        if cfg.qk_norm_full:  # RMSNorm over the whole q and k projections (OLMoE, MiniMax-M2)
+            q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", nh * hd)
+            k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", nkv * hd)
         q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))  # [B, S, H, Dh]
         k = g.op("reshape", f"{n}.attn.k_heads", k, shape=("batch", "seq", nkv, hd))
         v = g.op("reshape", f"{n}.attn.v_heads", v, shape=("batch", "seq", nkv, hd))
@@ -118,7 +188,8 @@ def build_decoder(
             attn_attrs["window"] = cfg.layer_window(i)
         if cfg.attn_softcap:
             attn_attrs["softcap"] = cfg.attn_softcap
-        a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, **attn_attrs)
+        sinks = (g.param(f"{p}.self_attn.sinks", dtype, (nh,)),) if cfg.attention_sinks else ()
+        a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, *sinks, **attn_attrs)
         a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * hd))
         o = linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * hd, cfg.o_bias)
         if cfg.is_gemma:
@@ -126,41 +197,15 @@ def build_decoder(
         x = residual(f"{n}.attn.residual", x, o)
         # --- feed-forward
         h = norm(f"{n}.mlp.norm", x, f"{p}.{mlp_norm}", d)
-        if not cfg.is_moe:
-            f, mb = cfg.intermediate_size, cfg.mlp_bias
-            gate = linear(f"{n}.mlp.gate", h, f"{p}.mlp.gate_proj", f, d, mb)
-            up = linear(f"{n}.mlp.up", h, f"{p}.mlp.up_proj", f, d, mb)
-            if cfg.hidden_act == "silu":
-                act = g.op("silu", f"{n}.mlp.silu", gate)
-            else:
-                approximate = "tanh" if cfg.hidden_act == "gelu_tanh" else "none"
-                act = g.op("gelu", f"{n}.mlp.gelu", gate, approximate=approximate)
-            act = g.op("mul", f"{n}.mlp.{'swiglu' if cfg.hidden_act == 'silu' else 'geglu'}", act, up)
-            y = linear(f"{n}.mlp.down", act, f"{p}.mlp.down_proj", d, f, mb)
+        if cfg.layer_is_moe(i):
+            y = moe(n, i, h)
+            if cfg.shared_expert_size:  # GLM-4.5: shared experts on every token, added to the routed
+                shared = f"{moe_prefix(cfg, i)}.shared_experts"
+                y = g.op(
+                    "add", f"{n}.moe.shared_add", y, mlp(f"{n}.moe.shared", h, shared, cfg.shared_expert_size)
+                )
         else:
-            mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
-            logits = linear(f"{n}.moe.router", h, f"{mp}.gate", e, d, False)  # [B, S, E]
-            mode = "topk_softmax" if cfg.model_type == "mixtral" else "softmax_topk"
-            w, idx = g.op(
-                "topk_router",
-                f"{n}.moe.topk",
-                logits,
-                outputs=(f"{n}.moe.topk.weights", f"{n}.moe.topk.indices"),
-                k=cfg.num_experts_per_tok,
-                mode=mode,
-                normalize=bool(cfg.norm_topk_prob),
-            )
-            wg, wu, wd = expert_param_names(mp)
-            y = g.op(
-                "moe_ffn",
-                f"{n}.moe.experts",
-                h,
-                w,
-                idx,
-                g.param(wg, dtype, (e, f, d)),
-                g.param(wu, dtype, (e, f, d)),
-                g.param(wd, dtype, (e, d, f)),
-            )
+            y = mlp(f"{n}.mlp", h, f"{p}.mlp", cfg.intermediate_size)
         if cfg.is_gemma:
             y = norm(f"{n}.mlp.post_norm", y, f"{p}.post_feedforward_layernorm", d)
         x = residual(f"{n}.mlp.residual", x, y)

@@ -10,6 +10,8 @@ embedding (or, when only `lm_head.weight` is stored, that tensor for both); an u
 `lm_head.weight` and is refused without it, never given the embedding. MoE experts differ: the hub layout stores one tensor per
 expert (`experts.3.w1.weight`, `experts.3.gate_proj.weight`) and transformers 5 keeps them fused in
 memory (`experts.gate_up_proj`), while the graph reads one stacked tensor per layer and projection.
+gpt-oss stores them fused and input-major (`experts.gate_up_proj` [E, D, 2F] with gate and up in
+alternating columns, `experts.down_proj` [E, F, D], and their biases), transposed and split at load.
 Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`: split by rows at load. Gemma's
 norm weights w (of x / rms(x) * (1 + w)) are loaded as 1 + w (graph meta `norm_weight_offset`).
 """
@@ -35,7 +37,9 @@ _EXPERT_NAMES = {
 _FUSED = re.compile(
     r"^(?P<prefix>model\.layers\.\d+)\.(?:self_attn|mlp)\.(?P<proj>q|k|v|gate|up)_proj\.weight$"
 )
-_STACKED = re.compile(r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp))\.experts\.w_(?P<proj>gate|up|down)$")
+_STACKED = re.compile(
+    r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp))\.experts\.(?P<kind>w|b)_(?P<proj>gate|up|down)$"
+)
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -46,7 +50,11 @@ def random_tensor(name: str, t: TensorType, seed: int) -> np.ndarray:
     """One seeded random weight with a scale that suits its role (read from its name and shape)."""
     shape = concrete(t.shape)
     rng = _rng(seed, name)
-    if len(shape) == 1:
+    if name.endswith(("e_score_correction_bias", ".sinks")):  # selection biases, attention sink logits
+        values = 0.5 * rng.standard_normal(shape, dtype=np.float32)
+    elif re.search(r"\.experts\.b_(gate|up|down)$", name):  # expert biases
+        values = 0.02 * rng.standard_normal(shape, dtype=np.float32)
+    elif len(shape) == 1:
         if name.endswith(".bias"):
             values = 0.02 * rng.standard_normal(shape, dtype=np.float32)
         else:  # norm weights
@@ -197,7 +205,10 @@ def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: st
         return _split_fused(name, m["prefix"], m["proj"], tensors, graph, source)
     m = _STACKED.match(name)
     if m:
-        return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)
+        if graph.meta.get("model_type") == "gpt_oss":
+            return _gpt_oss_experts(m["prefix"], m["kind"], m["proj"], tensors, source)
+        if m["kind"] == "w":
+            return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)
     raise UserError(f"{source}: the checkpoint has no tensor `{name}`; is it a checkpoint of this model?")
 
 
@@ -221,6 +232,21 @@ def _split_fused(
         )
     start = sum(rows[: parts.index(proj)])
     return arr[start : start + rows[parts.index(proj)]]
+
+
+def _gpt_oss_experts(
+    prefix: str, kind: str, proj: str, tensors: Mapping[str, np.ndarray], source: str
+) -> np.ndarray:
+    """One stacked expert weight or bias from gpt-oss's fused tensors (GptOssExperts: gate_up_proj
+    [E, D, 2F], gate = columns 0::2, up = 1::2; down_proj [E, F, D]; x @ W + bias)."""
+    suffix = "_bias" if kind == "b" else ""
+    fused = f"{prefix}.experts.{'down_proj' if proj == 'down' else 'gate_up_proj'}{suffix}"
+    if fused not in tensors:
+        raise UserError(f"{source}: the checkpoint has no tensor `{fused}`; is it a gpt-oss checkpoint?")
+    arr = tensors[fused]
+    if proj != "down":
+        arr = arr[..., 0::2] if proj == "gate" else arr[..., 1::2]
+    return arr if kind == "b" else np.swapaxes(arr, 1, 2)  # weights to [E, out, in]
 
 
 def _stack_experts(

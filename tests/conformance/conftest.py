@@ -563,18 +563,22 @@ def _entries() -> list[OpInfo]:
     add(OpInfo("mlp", "linear+silu*mul", mlp_graph,
                leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25, "w_down": 0.2}),
                patterns=(*swiglu, *residual)))
-    e.extend(_general_entries())  # the general ops: tests/conformance/general_entries.py
+    # the general ops, and the routers, experts and attention of the MoE families, in files of their own
+    for name in ("general_entries", "moe_entries", "attention_entries"):
+        e.extend(_file_entries(name))
     return e
 # fmt: on
 
 
-def _general_entries() -> list[OpInfo]:
+def _file_entries(name: str) -> list[OpInfo]:
+    """tests/conformance/<name>.py's `entries(globals())`, or none where the file is absent."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "general_entries", Path(__file__).with_name("general_entries.py")
-    )
+    path = Path(__file__).with_name(f"{name}.py")
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.entries(globals())

@@ -286,8 +286,12 @@ def test_errors_name_the_file_and_the_fault(tmp_path: Path) -> None:
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 16,
     }
-    assert "all-MoE" in _error(tmp_path, {**qwen, "decoder_sparse_step": 2})
-    assert "all-MoE" in _error(tmp_path, {**qwen, "mlp_only_layers": [0]})
+    # dense layers are read as Qwen3MoeDecoderLayer places them, not refused
+    assert ModelConfig.from_hf({**qwen, "decoder_sparse_step": 2}, "q").dense_layers == (0,)
+    assert ModelConfig.from_hf({**qwen, "mlp_only_layers": [1]}, "q").dense_layers == (1,)
+    assert "`mlp_only_layers` must be a list of layer indices" in _error(
+        tmp_path, {**qwen, "mlp_only_layers": "0"}
+    )
     assert "disagree" in _error(tmp_path, {**qwen, "num_local_experts": 8})
     assert "layer_types has 1 entries for 2 layers" in _error(
         tmp_path, {**qwen, "layer_types": ["full_attention"]}
@@ -436,7 +440,7 @@ def test_partial_rotary_inside_rope_parameters_and_per_layer_rope_are_refused(tm
     base = {"model_type": "llama", **TINY}
     rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
     assert "partial_rotary_factor=0.25" in _error(tmp_path, {**base, "rope_parameters": rope})
-    assert "only phi3 rotates part of the head" in _error(tmp_path, {**base, "rope_parameters": rope})
+    assert "only phi3, glm4_moe, minimax_m2 rotate part of the head" in _error(tmp_path, {**base, "rope_parameters": rope})
     nested = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
     assert "rope per layer type (full_attention, sliding_attention)" in _error(
