@@ -152,6 +152,16 @@ def _infer_rope(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     return [x]
 
 
+def _infer_attn_temperature(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x, pos = ins
+    _float(x, "x")
+    _req(x.rank == 4, f"x must be [batch, seq, heads, head_dim], got {x}")
+    _int(pos, "positions")
+    _req(pos.shape == x.shape[:2], f"positions must be {format_shape(x.shape[:2])}, got {pos}")
+    _req(attrs["floor_scale"] > 0, f"floor_scale must be > 0, got {attrs['floor_scale']}")
+    return [x]
+
+
 def rope_rotary_dim(attrs: Mapping, head_dim: int) -> int:
     """The dims a rope op rotates: the first `rotary_dim` of each head (0: all of them)."""
     return attrs["rotary_dim"] or head_dim
@@ -540,6 +550,10 @@ OPS: dict[str, OpDef] = {
               doc="x[*, D], w[D] -> x / rms(x) * w (float32 statistics)"),
         OpDef("layernorm", "norm", (3, 3), _infer_norm, _cost_norm, dict(_EPS),
               doc="x[*, D], w[D], b[D] -> (x - mean) / std * w + b"),
+        OpDef("attn_temperature", "position", (2, 2), _infer_attn_temperature, _cost_rope,
+              {"floor_scale": AttrSpec("float", required=True), "scale": AttrSpec("float", required=True)},
+              doc="x[B, S, H, Dh], positions[B, S] -> x * (log1p(floor((p + 1) / floor_scale)) * scale + 1) "
+                  "(Llama 4's attention temperature on its layers without rope)"),
         OpDef("rope", "position", (2, 2), _infer_rope, _cost_rope, dict(_ROPE),
               doc="x[B, S, H, Dh], positions[B, S] -> rotary embedding, rotate-half (neox) layout, on the "
                   "first rotary_dim dims of each head (0: all), cos and sin times attention_factor"),

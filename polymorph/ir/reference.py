@@ -303,6 +303,20 @@ def _softmax(ins: list[Array], a: Mapping) -> list[Array]:
     return [softmax(ins[0], a["axis"])]
 
 
+def attn_temperature_factor(pos: Array, floor_scale: float, scale: float) -> Array:
+    """Llama 4's per-position query scale, f32 [B, S] (transformers: log1p(floor((p + 1) / floor_scale))
+    * attn_scale + 1, in f32)."""
+    p = pos.astype(np.float32)
+    return np.log1p(np.floor((p + np.float32(1)) / np.float32(floor_scale))) * np.float32(scale) + np.float32(
+        1
+    )
+
+
+def _attn_temperature(ins: list[Array], a: Mapping) -> list[Array]:
+    x, pos = ins
+    return [f32(x) * attn_temperature_factor(pos, a["floor_scale"], a["scale"])[:, :, None, None]]
+
+
 def _topk(x: Array, k: int) -> tuple[Array, Array]:
     # Stable descending order: ties go to the lower expert index (every backend's kernel matches this).
     idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
@@ -410,6 +424,7 @@ REFERENCE: dict[str, RefFn] = {
     "rmsnorm": _rmsnorm,
     "layernorm": _layernorm,
     "rope": _rope,
+    "attn_temperature": _attn_temperature,
     "kv_write": _kv_write,
     "attention": _attention,
     "cache_attention": _cache_attention,

@@ -9,10 +9,12 @@ Granite ("granite": embedding, residual, attention and logits multipliers); MoE:
 Qwen3-MoE ("qwen3_moe", with dense layers by `mlp_only_layers` and `decoder_sparse_step`), OLMoE
 ("olmoe": q/k RMSNorm over the whole projection), GLM-4.5 ("glm4_moe": sigmoid router with a correction
 bias, grouped top-k, routed scaling, shared experts, first dense layers, partial rotary), MiniMax-M2
-("minimax_m2": sigmoid router with a correction bias, whole-projection q/k norms, partial rotary) and
+("minimax_m2": sigmoid router with a correction bias, whole-projection q/k norms, partial rotary),
 gpt-oss ("gpt_oss": attention sinks, alternating sliding and full layers, biases on every projection and
-expert, its clamped SwiGLU, a router bias). Rope types default, linear, dynamic, yarn, longrope and
-llama3; activations silu, gelu and gelu-tanh.
+expert, its clamped SwiGLU, a router bias) and Llama 4 ("llama4_text": chunked attention, layers without
+rope with an attention temperature, an L2 norm of q and k on the others, interleaved rope, dense and MoE
+layers interleaved, a shared expert, sigmoid top-k routing that weighs each expert's input). Rope types
+default, linear, dynamic, yarn, longrope and llama3; activations silu, gelu and gelu-tanh.
 
 Both forms that transformers writes are read: the transformers-4 form (`rope_theta` + `rope_scaling`,
 `torch_dtype`, Gemma 3's `rope_local_base_freq` and `sliding_window_pattern`) and the transformers-5
@@ -42,24 +44,26 @@ from polymorph.errors import UserError
 
 ModelType = Literal[
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text",
 ]  # fmt: skip
 RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3"]
 Activation = Literal["silu", "gelu", "gelu_tanh"]
-RouterStyle = Literal["topk_softmax", "softmax_topk", "sigmoid_topk"]
+RouterStyle = Literal["topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigmoid"]
 
 MODEL_TYPES: tuple[ModelType, ...] = (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text",
 )  # fmt: skip
-MOE_TYPES: tuple[ModelType, ...] = ("mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss")
+MOE_TYPES: tuple[ModelType, ...] = (
+    "mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text"
+)  # fmt: skip
 # q/k RMSNorm over each head (Qwen3, Gemma 3; GLM-4.5 with use_qk_norm) or over the whole projection
 # before it is split into heads (OLMoE, MiniMax-M2)
 _HEAD_QK_NORM: tuple[ModelType, ...] = ("qwen3", "qwen3_moe", "gemma3_text")
 _FULL_QK_NORM: tuple[ModelType, ...] = ("olmoe", "minimax_m2")
 GEMMA_TYPES: tuple[ModelType, ...] = ("gemma2", "gemma3_text")
 ROPE_TYPES: tuple[RopeType, ...] = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
-FULL, SLIDING = "full_attention", "sliding_attention"
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 
 # transformers' ACT2FN names -> the activation they compute (gelu_new and gelu_fast are the tanh
 # approximation written out; silu and swish are both x * sigmoid(x)).
@@ -107,6 +111,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 "head_dim": 64, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0,
                 "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                  "truncate": False, "original_max_position_embeddings": 4096}},
+    "llama4_text": {"rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+                    "head_dim": 128, "attention_chunk_size": 8192, "floor_scale": 8192, "attn_scale": 0.1,
+                    "no_rope_layer_interval": 4, "interleave_moe_layer_step": 1},
 }  # fmt: skip
 _ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
@@ -123,6 +130,7 @@ _ARCHITECTURES: dict[str, str] = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
 }
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -260,6 +268,10 @@ class ModelConfig:
     swiglu_limit: float = 7.0
     attention_sinks: bool = False
     use_qk_norm: bool = False
+    expert_weight_input: bool = False
+    attention_chunk: int = 0
+    nope_layers: tuple[int, ...] = field(default=())
+    attn_temperature: tuple[float, float] | None = None
     hidden_act: Activation = "silu"
     layer_types: tuple[str, ...] = field(default=())
     sliding_window: int | None = None
@@ -284,7 +296,7 @@ class ModelConfig:
     def qk_norm(self) -> bool:
         """Whether attention applies an RMSNorm over head_dim to q and k (Qwen3, Gemma 3, GLM-4.5's
         use_qk_norm)."""
-        return self.model_type in _HEAD_QK_NORM or self.use_qk_norm
+        return self.model_type in _HEAD_QK_NORM or (self.use_qk_norm and self.model_type == "glm4_moe")
 
     @property
     def qk_norm_full(self) -> bool:
@@ -316,6 +328,20 @@ class ModelConfig:
     def scale(self) -> float:
         """The attention's q.k scale."""
         return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
+
+    def layer_chunk(self, layer: int) -> int:
+        """The attention chunk of `layer` (0: none), the IR's `chunk` attribute (Llama 4)."""
+        if not self.attention_chunk or not self.layer_types or self.layer_types[layer] != CHUNKED:
+            return 0
+        return self.attention_chunk
+
+    def layer_uses_rope(self, layer: int) -> bool:
+        return layer not in self.nope_layers
+
+    @property
+    def qk_l2_norm(self) -> bool:
+        """Llama 4's use_qk_norm: an RMSNorm without weight of each head of q and k on its rope layers."""
+        return self.model_type == "llama4_text" and self.use_qk_norm
 
     def layer_window(self, layer: int) -> int:
         """The sliding window of `layer` (0: full attention), the IR's `window` attribute."""
@@ -412,6 +438,8 @@ class ModelConfig:
 
         if kind in MOE_TYPES:
             fields.update(_parse_moe(r, kind, layers))
+        if kind == "llama4_text":
+            fields.update(_parse_llama4(r, layers))
         cfg = cls(**fields)
         _require_ir(cfg, source)
         return cfg
@@ -591,6 +619,40 @@ class _Reader:
         return v
 
 
+def _parse_llama4(r: _Reader, layers: int) -> dict[str, Any]:
+    """Llama 4's attention layout, as Llama4TextConfig fills it in: `no_rope_layers` (1: the layer uses
+    rope; default every no_rope_layer_interval-th layer without), chunked attention on the rope layers
+    (`layer_types`, `attention_chunk_size`), the temperature of the other layers, the dense width."""
+    d, defaults = r.d, _DEFAULTS["llama4_text"]
+    flags = d.get("no_rope_layers")
+    if not flags:
+        interval = r.int_("no_rope_layer_interval", defaults["no_rope_layer_interval"])
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) != layers or not all(f in (0, 1) for f in flags):
+        raise r._bad("no_rope_layers", flags, f"a list of {layers} zeros and ones")
+    chunk = d.get("attention_chunk_size", defaults["attention_chunk_size"])
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0):
+        raise r._bad("attention_chunk_size", chunk, "a positive integer or null")
+    types = d.get("layer_types")
+    if types is None:
+        types = [CHUNKED if f and chunk is not None else FULL for f in flags]
+    if not isinstance(types, list) or len(types) != layers or not all(t in (FULL, CHUNKED) for t in types):
+        raise r._bad("layer_types", types, f'a list of {layers} "{FULL}" and "{CHUNKED}"')
+    if CHUNKED in types and chunk is None:
+        raise UserError(f"{r.source}: layer_types names chunked layers but attention_chunk_size is null")
+    temperature = None
+    if r.bool_("attn_temperature_tuning", True):
+        temperature = (_positive(r, "floor_scale", defaults), r.float_("attn_scale", defaults["attn_scale"]))
+    return {
+        "intermediate_size": r.int_("intermediate_size_mlp", 16384),
+        "nope_layers": tuple(i for i, f in enumerate(flags) if not f),
+        "layer_types": tuple(types) if CHUNKED in types else (),
+        "attention_chunk": chunk or 0,
+        "attn_temperature": temperature,
+        "use_qk_norm": r.bool_("use_qk_norm", True),
+    }
+
+
 def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
     """The MoE keys of `c`'s config.json (the inverse of `_parse_moe`)."""
     kind = c.model_type
@@ -614,6 +676,17 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
         )  # fmt: skip
     elif kind == "gpt_oss":
         d.update(swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
+    elif kind == "llama4_text":
+        layers = c.num_hidden_layers
+        d.update(
+            intermediate_size=c.moe_intermediate_size, intermediate_size_mlp=c.intermediate_size,
+            moe_layers=[i for i in range(layers) if i not in c.dense_layers],
+            no_rope_layers=[int(c.layer_uses_rope(i)) for i in range(layers)],
+            layer_types=list(c.layer_types or [FULL] * layers), attention_chunk_size=c.attention_chunk or None,
+            attn_temperature_tuning=c.attn_temperature is not None, use_qk_norm=c.use_qk_norm,
+        )  # fmt: skip
+        if c.attn_temperature is not None:
+            d.update(floor_scale=_integral(c.attn_temperature[0]), attn_scale=c.attn_temperature[1])
     return d
 
 
@@ -631,6 +704,8 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
         )
     if kind in ("mixtral", "gpt_oss"):
         f.update(router="topk_softmax", norm_topk_prob=True)
+    elif kind == "llama4_text":
+        f.update(router="topk_sigmoid", expert_weight_input=True)
     elif kind in ("qwen3_moe", "olmoe"):
         f.update(router="softmax_topk", norm_topk_prob=r.bool_("norm_topk_prob", False))
     else:  # glm4_moe, minimax_m2
@@ -671,6 +746,20 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
             routed_scaling=_positive(r, "routed_scaling_factor", defaults),
             shared_expert_size=f["moe_intermediate_size"] * (shared or 0),
             use_qk_norm=r.bool_("use_qk_norm", False),
+        )
+    elif kind == "llama4_text":
+        # Llama4TextConfig: moe_layers, else every interleave_moe_layer_step-th layer from step - 1;
+        # experts and the shared expert are intermediate_size wide, dense layers intermediate_size_mlp
+        moe = d.get("moe_layers")
+        if moe is None:
+            step = r.int_("interleave_moe_layer_step", defaults["interleave_moe_layer_step"])
+            moe = list(range(step - 1, layers, step))
+        if not isinstance(moe, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in moe):
+            raise r._bad("moe_layers", moe, "a list of layer indices")
+        f.update(
+            dense_layers=tuple(i for i in range(layers) if i not in moe),
+            moe_intermediate_size=r.int_("intermediate_size"),
+            shared_expert_size=r.int_("intermediate_size"),
         )
     elif kind == "gpt_oss":
         limit = _positive(r, "swiglu_limit", defaults)
@@ -736,6 +825,8 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
     `layer_types` names, else those from `max_window_layers` on; Gemma windows the layers
     `layer_types` names, else every layer but each `sliding_window_pattern`-th (Gemma 2: 2)."""
     d, source = r.d, r.source
+    if kind == "llama4_text":
+        return (), None  # chunked, not sliding: _parse_llama4
     types = d.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or not all(t in (FULL, SLIDING) for t in types):
@@ -972,6 +1063,20 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
         need("softcap" in attention, f"soft-capped attention (attn_logit_softcapping={cfg.attn_softcap})")
     if cfg.final_softcap:
         need("softcap" in OPS, f"the softcap op (final_logit_softcapping={cfg.final_softcap})")
+    if cfg.attention_chunk:
+        need("chunk" in attention, f"chunked attention (attention_chunk_size={cfg.attention_chunk})")
+    if cfg.attention_sinks:
+        need(OPS["cache_attention"].arity[1] >= 6, "attention sinks (the cache_attention op's sinks input)")
+    if cfg.attn_temperature is not None:
+        need("attn_temperature" in OPS, "the attn_temperature op (Llama 4's attn_temperature_tuning)")
+    if cfg.router is not None:
+        router = OPS["topk_router"].attrs
+        need(cfg.router in (router["mode"].choices or ()), f"the {cfg.router} router (topk_router mode)")
+        need(cfg.router_groups == 1 or "groups" in router, "grouped expert selection (n_group)")
+        experts = OPS["moe_ffn"].attrs
+        need(
+            cfg.expert_activation in (experts["activation"].choices or ()), f"{cfg.expert_activation} experts"
+        )
     multipliers = (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling)
     if cfg.is_gemma or any(m != 1.0 for m in multipliers):
         need("scale" in OPS, "the scale op (scaled embeddings, residuals or logits)")
@@ -981,16 +1086,8 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
 
 # Families whose transformers classes read `attention_bias` (bias on q, k, v and o).
 _ATTENTION_BIAS = (
-    "llama",
-    "qwen3",
-    "qwen3_moe",
-    "granite",
-    "gemma2",
-    "gemma3_text",
-    "olmoe",
-    "glm4_moe",
-    "gpt_oss",
-)
+    "llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text", "olmoe", "glm4_moe", "gpt_oss", "llama4_text"
+)  # fmt: skip
 
 
 def _is_one(v: Any, head_dim: int) -> bool:
@@ -1025,8 +1122,8 @@ _UNIMPLEMENTED: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "partial_rotary_factor": ("rope on part of each head", _is_one, ("phi3", "glm4_moe", "minimax_m2")),
     "logit_scale": ("scaled output logits", _is_one, ()),
     "clip_qkv": ("clipped q/k/v activations", _is_off, ()),
-    "attention_chunk_size": ("chunked local attention", _is_off, ()),
-    "use_qk_norm": ("an RMSNorm of q and k", _is_off, ("glm4_moe", "minimax_m2")),
+    "attention_chunk_size": ("chunked local attention", _is_off, ("llama4_text",)),
+    "use_qk_norm": ("an RMSNorm of q and k", _is_off, ("glm4_moe", "minimax_m2", "llama4_text")),
     "use_bidirectional_attention": ("bidirectional attention", _is_off, ()),
     "rope_local_base_freq": ("a second rope base for local layers", _is_off, ("gemma3_text",)),
 }  # fmt: skip

@@ -1,6 +1,6 @@
 """Graph builders for decoder-only transformers: the dense Llama (2, 3, 3.1, 3.2), Mistral, Qwen2,
-Qwen3, Gemma 2, Gemma 3, Phi-3 and Granite, and the MoE Mixtral, Qwen3-MoE, OLMoE, GLM-4.5, MiniMax-M2
-and gpt-oss.
+Qwen3, Gemma 2, Gemma 3, Phi-3 and Granite, and the MoE Mixtral, Qwen3-MoE, OLMoE, GLM-4.5, MiniMax-M2,
+gpt-oss and Llama 4.
 
 One step of the model, for any mix of prefill and decode: `seq` new tokens per sequence at absolute
 `positions`, written into the paged KV cache and attended causally over everything the cache holds
@@ -33,14 +33,31 @@ def expert_bias_names(prefix: str) -> tuple[str, str, str]:
     return f"{prefix}.experts.b_gate", f"{prefix}.experts.b_up", f"{prefix}.experts.b_down"
 
 
-def moe_prefix(cfg: ModelConfig, layer: int) -> str:
-    block = "block_sparse_moe" if cfg.model_type in ("mixtral", "minimax_m2") else "mlp"
+def ffn_prefix(cfg: ModelConfig, layer: int) -> str:
+    """The feed-forward module of `layer`: `mlp` (Mixtral and MiniMax-M2 experts: `block_sparse_moe`;
+    Llama 4: `feed_forward`)."""
+    if cfg.model_type == "llama4_text":
+        block = "feed_forward"
+    elif cfg.model_type in ("mixtral", "minimax_m2") and cfg.layer_is_moe(layer):
+        block = "block_sparse_moe"
+    else:
+        block = "mlp"
     return f"model.layers.{layer}.{block}"
 
 
+def moe_prefix(cfg: ModelConfig, layer: int) -> str:
+    return ffn_prefix(cfg, layer)
+
+
 def router_name(cfg: ModelConfig) -> str:
-    """The router projection's module under the MoE block (`gate`; gpt-oss: `router`)."""
-    return "router" if cfg.model_type == "gpt_oss" else "gate"
+    """The router projection's module under the MoE block (`gate`; gpt-oss and Llama 4: `router`)."""
+    return "router" if cfg.model_type in ("gpt_oss", "llama4_text") else "gate"
+
+
+def l2_norm_name(layer: int) -> str:
+    """Llama 4's q/k L2 norm as an RMSNorm of weight 1: a weight the checkpoint does not have, made
+    at load (`weights.py`)."""
+    return f"model.layers.{layer}.self_attn.qk_norm.weight"
 
 
 def selection_bias_name(cfg: ModelConfig, layer: int) -> str:
@@ -74,6 +91,12 @@ def build_decoder(
     }
     if cfg.is_gemma:  # the checkpoint stores w of x / rms(x) * (1 + w): the loader adds the 1
         meta["norm_weight_offset"] = 1.0
+    if cfg.model_type == "llama4_text":
+        # Llama 4 rotates pairs of adjacent dims (complex rope); the rope op rotates halves. The loader
+        # reorders each head's q and k projection rows (even dims, then odd) on these layers, which
+        # gives the same scores: q and k move alike, v and the output do not move.
+        meta["rope_interleaved_layers"] = [i for i in range(layers) if cfg.layer_uses_rope(i)]
+        meta["head_dim"] = cfg.head_dim
     g = GraphBuilder(name, meta=meta)
     d, hd = cfg.hidden_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -146,7 +169,7 @@ def build_decoder(
         if cfg.expert_bias:
             bg, bu, bd = expert_bias_names(mp)
             experts += [g.param(bg, dtype, (e, f)), g.param(bu, dtype, (e, f)), g.param(bd, dtype, (e, d))]
-        expert_attrs: dict[str, object] = {}
+        expert_attrs: dict[str, object] = {"weight_input": True} if cfg.expert_weight_input else {}
         if cfg.expert_activation != "silu":
             expert_attrs.update(
                 activation=cfg.expert_activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit
@@ -175,8 +198,17 @@ def build_decoder(
         if cfg.qk_norm:  # per-head RMSNorm of q and k before rope (Qwen3, Gemma 3)
             q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", hd)
             k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", hd)
-        q = g.op("rope", f"{n}.attn.q_rope", q, positions, **rope)
-        k = g.op("rope", f"{n}.attn.k_rope", k, positions, **rope)
+        if cfg.layer_uses_rope(i):
+            if cfg.qk_l2_norm:  # Llama 4 normalizes after rope; a rotation keeps the norm: same result
+                unit = g.param(l2_norm_name(i), dtype, (hd,))
+                q = g.op("rmsnorm", f"{n}.attn.q_norm", q, unit, eps=eps)
+                k = g.op("rmsnorm", f"{n}.attn.k_norm", k, unit, eps=eps)
+            q = g.op("rope", f"{n}.attn.q_rope", q, positions, **rope)
+            k = g.op("rope", f"{n}.attn.k_rope", k, positions, **rope)
+        elif cfg.attn_temperature is not None:  # Llama 4's layers without rope
+            floor_scale, temperature = cfg.attn_temperature
+            q = g.op("attn_temperature", f"{n}.attn.q_temperature", q, positions, floor_scale=floor_scale,
+                     scale=temperature)  # fmt: skip
         kc = g.state(f"layers.{i}.k_cache", dtype, ("cache_blocks", block_size, nkv, hd))
         vc = g.state(f"layers.{i}.v_cache", dtype, ("cache_blocks", block_size, nkv, hd))
         kc = g.op("kv_write", f"{n}.attn.k_write", kc, k, table, positions)
@@ -188,6 +220,8 @@ def build_decoder(
             attn_attrs["window"] = cfg.layer_window(i)
         if cfg.attn_softcap:
             attn_attrs["softcap"] = cfg.attn_softcap
+        if cfg.layer_chunk(i):
+            attn_attrs["chunk"] = cfg.layer_chunk(i)
         sinks = (g.param(f"{p}.self_attn.sinks", dtype, (nh,)),) if cfg.attention_sinks else ()
         a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, *sinks, **attn_attrs)
         a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * hd))
@@ -199,13 +233,14 @@ def build_decoder(
         h = norm(f"{n}.mlp.norm", x, f"{p}.{mlp_norm}", d)
         if cfg.layer_is_moe(i):
             y = moe(n, i, h)
-            if cfg.shared_expert_size:  # GLM-4.5: shared experts on every token, added to the routed
-                shared = f"{moe_prefix(cfg, i)}.shared_experts"
+            if cfg.shared_expert_size:  # GLM-4.5, Llama 4: shared experts on every token, added
+                module = "shared_expert" if cfg.model_type == "llama4_text" else "shared_experts"
+                shared = f"{moe_prefix(cfg, i)}.{module}"
                 y = g.op(
                     "add", f"{n}.moe.shared_add", y, mlp(f"{n}.moe.shared", h, shared, cfg.shared_expert_size)
                 )
         else:
-            y = mlp(f"{n}.mlp", h, f"{p}.mlp", cfg.intermediate_size)
+            y = mlp(f"{n}.mlp", h, ffn_prefix(cfg, i), cfg.intermediate_size)
         if cfg.is_gemma:
             y = norm(f"{n}.mlp.post_norm", y, f"{p}.post_feedforward_layernorm", d)
         x = residual(f"{n}.mlp.residual", x, y)

@@ -38,7 +38,7 @@ _FUSED = re.compile(
     r"^(?P<prefix>model\.layers\.\d+)\.(?:self_attn|mlp)\.(?P<proj>q|k|v|gate|up)_proj\.weight$"
 )
 _STACKED = re.compile(
-    r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp))\.experts\.(?P<kind>w|b)_(?P<proj>gate|up|down)$"
+    r"^(?P<prefix>.+\.(?P<block>block_sparse_moe|mlp|feed_forward))\.experts\.(?P<kind>w|b)_(?P<proj>gate|up|down)$"
 )
 
 
@@ -50,7 +50,9 @@ def random_tensor(name: str, t: TensorType, seed: int) -> np.ndarray:
     """One seeded random weight with a scale that suits its role (read from its name and shape)."""
     shape = concrete(t.shape)
     rng = _rng(seed, name)
-    if name.endswith(("e_score_correction_bias", ".sinks")):  # selection biases, attention sink logits
+    if name.endswith(".self_attn.qk_norm.weight"):  # Llama 4's L2 norm: an RMSNorm of weight 1
+        values = np.ones(shape, dtype=np.float32)
+    elif name.endswith(("e_score_correction_bias", ".sinks")):  # selection biases, attention sink logits
         values = 0.5 * rng.standard_normal(shape, dtype=np.float32)
     elif re.search(r"\.experts\.b_(gate|up|down)$", name):  # expert biases
         values = 0.02 * rng.standard_normal(shape, dtype=np.float32)
@@ -80,7 +82,7 @@ def checkpoint_weights(
     offset = float(graph.meta.get("norm_weight_offset", 0.0))
     out: dict[str, np.ndarray] = {}
     for name, t in graph.params.items():
-        arr = _find(name, tensors, graph, source)
+        arr = _rope_halves(name, _find(name, tensors, graph, source), graph)
         shape = concrete(t.shape)
         if tuple(arr.shape) != shape:
             raise UserError(
@@ -200,6 +202,8 @@ def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: st
             'the head at random); if the model shares its embedding as output head, set "tie_word_embeddings": '
             "true in config.json, else the checkpoint is incomplete: re-download it"
         )
+    if name.endswith(".self_attn.qk_norm.weight") and graph.meta.get("model_type") == "llama4_text":
+        return np.ones(concrete(graph.params[name].shape), dtype=np.float32)  # L2 norm: no weight stored
     m = _FUSED.match(name)
     if m:
         return _split_fused(name, m["prefix"], m["proj"], tensors, graph, source)
@@ -207,6 +211,8 @@ def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: st
     if m:
         if graph.meta.get("model_type") == "gpt_oss":
             return _gpt_oss_experts(m["prefix"], m["kind"], m["proj"], tensors, source)
+        if graph.meta.get("model_type") == "llama4_text":
+            return _llama4_experts(m["prefix"], m["proj"], tensors, source)
         if m["kind"] == "w":
             return _stack_experts(m["prefix"], m["block"], m["proj"], tensors, graph.params[name], source)
     raise UserError(f"{source}: the checkpoint has no tensor `{name}`; is it a checkpoint of this model?")
@@ -247,6 +253,34 @@ def _gpt_oss_experts(
     if proj != "down":
         arr = arr[..., 0::2] if proj == "gate" else arr[..., 1::2]
     return arr if kind == "b" else np.swapaxes(arr, 1, 2)  # weights to [E, out, in]
+
+
+def _llama4_experts(prefix: str, proj: str, tensors: Mapping[str, np.ndarray], source: str) -> np.ndarray:
+    """One stacked expert weight from Llama 4's fused tensors (Llama4TextExperts: gate_up_proj
+    [E, D, 2F], gate the first F columns, up the last; down_proj [E, F, D]; x @ W)."""
+    fused = f"{prefix}.experts.{'down_proj' if proj == 'down' else 'gate_up_proj'}"
+    if fused not in tensors:
+        raise UserError(f"{source}: the checkpoint has no tensor `{fused}`; is it a Llama 4 checkpoint?")
+    arr = tensors[fused]
+    if proj != "down":
+        half = arr.shape[-1] // 2
+        arr = arr[..., :half] if proj == "gate" else arr[..., half:]
+    return np.swapaxes(arr, 1, 2)
+
+
+_QK_PROJ = re.compile(r"^model\.layers\.(?P<layer>\d+)\.self_attn\.[qk]_proj\.(weight|bias)$")
+
+
+def _rope_halves(name: str, arr: np.ndarray, graph: Graph) -> np.ndarray:
+    """`arr` with each head's rows reordered from adjacent rope pairs to halves (even dims, then odd)
+    on the layers the graph meta `rope_interleaved_layers` names (Llama 4); else `arr`."""
+    m = _QK_PROJ.match(name)
+    if m is None or int(m["layer"]) not in graph.meta.get("rope_interleaved_layers", ()):
+        return arr
+    hd = int(graph.meta["head_dim"])
+    order = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
+    heads = arr.reshape(-1, hd, *arr.shape[1:])
+    return heads[:, order].reshape(arr.shape)
 
 
 def _stack_experts(

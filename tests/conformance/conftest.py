@@ -377,6 +377,11 @@ def _entries() -> list[OpInfo]:
 
     rope_samples = leaf_samples(BATCH_SEQ, ints={"positions": _ints(0, 4096)})
     add(OpInfo("rope", "rope", rope(), rope_samples))
+    # Llama 4's temperature: floor_scale 64 over positions up to 4096 gives factors 1 to ~1.4
+    add(OpInfo("attn_temperature", "attn_temperature",
+               lambda d: one_node("attn_temperature", {"x": inp(d, "batch", "seq", 3, 16),
+                                                       "positions": inp(I32, "batch", "seq")},
+                                  floor_scale=64.0, scale=0.1), rope_samples))
     add(OpInfo("rope.llama3", "rope",
                rope(theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=64),
