@@ -143,7 +143,13 @@ def build_decoder(
         """The routed experts of layer i: the router's top-k, then each token's experts, weighted."""
         mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
         assert e is not None and f is not None
-        logits = linear(f"{n}.moe.router", h, f"{mp}.{router_name(cfg)}", e, d, cfg.router_bias)  # [B, S, E]
+        router = f"{mp}.{router_name(cfg)}"
+        if cfg.model_type == "glm4_moe" and dtype != DType.F32:
+            # Glm4MoeTopkRouter keeps its weight in f32 and projects the f32 activations
+            h32 = g.op("cast", f"{n}.moe.router_in", h, dtype="f32")
+            logits = g.op("linear", f"{n}.moe.router", h32, g.param(f"{router}.weight", DType.F32, (e, d)))
+        else:
+            logits = linear(f"{n}.moe.router", h, router, e, d, cfg.router_bias)  # [B, S, E]
         bias = (g.param(selection_bias_name(cfg, i), DType.F32, (e,)),) if cfg.selection_bias else ()
         router_attrs: dict[str, object] = {
             "k": cfg.num_experts_per_tok, "mode": cfg.router, "normalize": bool(cfg.norm_topk_prob),

@@ -21,7 +21,7 @@ import numpy as np
 
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
-from polymorph.ir.graph import Graph
+from polymorph.ir.graph import Graph, Node
 from polymorph.pipeline.backend import Executable
 from polymorph.serving.session import Session
 from polymorph.verify.tolerance import Comparison, Tolerance, compare, model_tolerance, no_worse
@@ -285,9 +285,47 @@ def verify_executable(
 
 def router_margin(graph: Graph, values: dict[str, np.ndarray]) -> float | None:
     """The smallest relative gap, over every top-k router of the step and every token, between the
-    k-th and the (k+1)-th largest router logit; None without routers (or without recorded values)."""
+    k-th and the (k+1)-th best expert by the router's selection score (and, for grouped routers,
+    between the last kept and the first dropped group); None without routers (or without recorded
+    values)."""
     margins = token_margins(graph, values)
     return None if margins is None else float(margins.min())
+
+
+def _gap(scores: np.ndarray, k: int) -> np.ndarray | None:
+    """Per row, (k-th - (k+1)-th largest) / the row's largest |score|; None when a row has <= k."""
+    if scores.shape[-1] <= k:
+        return None
+    ordered = np.sort(scores, axis=-1)[:, ::-1]
+    # Relative to the row's largest score: rounding errors scale with the row, not with the gap.
+    scale = np.maximum(np.where(np.isfinite(ordered), np.abs(ordered), 0).max(axis=-1), 1e-6)
+    return (ordered[:, k - 1] - ordered[:, k]) / scale
+
+
+def selection_scores(node: Node, values: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """What a topk_router node chooses its experts by, [tokens, E], and (grouped routers) its group
+    scores [tokens, groups] (ops._ROUTER): the logits (softmax and sigmoid keep their order), or for
+    sigmoid_topk sigmoid(logits) plus the selection bias."""
+    logits = np.asarray(values[node.inputs[0]], dtype=np.float32)
+    logits = logits.reshape(-1, logits.shape[-1])
+    if node.attrs.get("mode") != "sigmoid_topk":
+        return logits, None
+    with np.errstate(over="ignore"):
+        choice = 1.0 / (1.0 + np.exp(-logits))
+    if len(node.inputs) > 1 and node.inputs[1] in values:
+        choice = choice + np.asarray(values[node.inputs[1]], dtype=np.float32)
+    groups = int(node.attrs.get("groups", 1))
+    if groups <= 1:
+        return choice, None
+    grouped = choice.reshape(choice.shape[0], groups, -1)
+    group_scores = np.sort(grouped, axis=-1)[..., ::-1][..., :2].sum(axis=-1)  # [tokens, groups]
+    kept = int(node.attrs.get("topk_groups") or groups)
+    best = np.argsort(-group_scores, axis=-1, kind="stable")[:, :kept]
+    allowed = np.zeros(group_scores.shape, dtype=bool)
+    np.put_along_axis(allowed, best, True, axis=-1)
+    # experts of the dropped groups are no candidates: their order cannot change the choice
+    choice = np.where(np.repeat(allowed, grouped.shape[-1], axis=-1), choice, -np.inf)
+    return choice, group_scores
 
 
 def token_margins(graph: Graph, values: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -297,15 +335,14 @@ def token_margins(graph: Graph, values: dict[str, np.ndarray]) -> np.ndarray | N
     for node in graph.nodes:
         if node.op != "topk_router" or node.inputs[0] not in values:
             continue
-        k = int(node.attrs["k"])
-        logits = np.asarray(values[node.inputs[0]], dtype=np.float32)
-        logits = np.sort(logits.reshape(-1, logits.shape[-1]), axis=-1)[:, ::-1]
-        if logits.shape[-1] <= k:
-            continue
-        gap = logits[:, k - 1] - logits[:, k]
-        # Relative to the row's largest logit: rounding errors scale with the row, not with the gap.
-        scale = np.maximum(np.abs(logits).max(axis=-1), 1e-6)
-        margins = gap / scale if margins is None else np.minimum(margins, gap / scale)
+        choice, group_scores = selection_scores(node, values)
+        gaps = [_gap(choice, int(node.attrs["k"]))]
+        if group_scores is not None:
+            kept = int(node.attrs.get("topk_groups") or group_scores.shape[-1])
+            gaps.append(_gap(group_scores, kept))
+        for gap in gaps:
+            if gap is not None:
+                margins = gap if margins is None else np.minimum(margins, gap)
     return margins
 
 

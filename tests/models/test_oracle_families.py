@@ -1,4 +1,5 @@
-"""The transformers oracle for the families, rope types and activations of issue 15: tiny random
+"""The transformers oracle for the families, rope types and activations of issues 15 (dense) and 16
+(MoE: OLMoE, GLM-4.5, MiniMax-M2, gpt-oss, Llama 4, Qwen3-MoE with dense layers): tiny random
 checkpoints built and saved by transformers at test time (built once per session and shared by every
 engine), loaded through polymorph from their config.json + safetensors, must give transformers'
 prefill logits (f32 model tolerance) and its greedy tokens through the KV cache, on the reference
@@ -7,7 +8,16 @@ of the model transformers loads in bf16 within the bf16 model tolerance. Every p
 every sliding window, and the shapes vary: one KV head, head_dim != hidden / heads, odd head counts.
 
 `polymorph run DIR --prompt ... --new-tokens N --dtype f32` on cpu prints transformers' greedy tokens
-for two windowed families (Gemma 2, Mistral)."""
+for two windowed families (Gemma 2, Mistral) and every MoE family.
+
+The MoE shapes exercise what each family adds: GLM-4.5 with 4 expert groups of which 2 are kept, 3 of 8
+experts, routed scaling 2.5, a shared expert, a first dense layer, q/k norms and partial rotary;
+gpt-oss with a 5-token window on alternate layers, sinks and a SwiGLU clamp (0.5) that real activations
+cross; Llama 4 with 5-token chunks, its temperature from position 3 on (floor_scale 4) and dense/MoE
+layers interleaved. Router correction biases, sinks and biases are moved off their initial values. In
+bf16 a token whose router margin is within rounding (verify.numerics.token_margins) may route apart
+from transformers: such a mismatch is reported by a skip that names the token and margin, any other
+fails."""
 
 from __future__ import annotations
 
@@ -113,6 +123,33 @@ FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
     "act-gelu": _llama_rope({"rope_type": "default"}, act="gelu"),
     "act-gelu-tanh": _llama_rope({"rope_type": "default"}, act="gelu_pytorch_tanh"),
 }
+MOE_SHAPE = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+MOE_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
+    "qwen3-moe-dense": lambda: (transformers.Qwen3MoeConfig(
+        **{**BASE, "num_hidden_layers": 3}, **MOE_SHAPE, intermediate_size=80, moe_intermediate_size=24,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[2]),
+        transformers.Qwen3MoeForCausalLM),
+    "olmoe": lambda: (transformers.OlmoeConfig(
+        **BASE, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, num_experts=8,
+        num_experts_per_tok=2), transformers.OlmoeForCausalLM),
+    "glm4-moe": lambda: (transformers.Glm4MoeConfig(
+        **{**BASE, "num_hidden_layers": 3}, **MOE_SHAPE, intermediate_size=80, moe_intermediate_size=24,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, n_group=4, topk_group=2,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True),
+        transformers.Glm4MoeForCausalLM),
+    "minimax-m2": lambda: (transformers.MiniMaxM2Config(
+        **BASE, **MOE_SHAPE, intermediate_size=24, num_local_experts=8, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5}),
+        transformers.MiniMaxM2ForCausalLM),
+    "gpt-oss": lambda: (transformers.GptOssConfig(
+        **BASE, **MOE_SHAPE, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=5, swiglu_limit=0.5), transformers.GptOssForCausalLM),
+    "llama4": lambda: (transformers.Llama4TextConfig(
+        **{**BASE, "num_hidden_layers": 4}, **MOE_SHAPE, intermediate_size=24, intermediate_size_mlp=80,
+        num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=5,
+        floor_scale=4, attn_scale=0.3), transformers.Llama4ForCausalLM),
+}  # fmt: skip
+FAMILIES.update(MOE_FAMILIES)
 # the config.json rewritten in the transformers-4 form after saving (rope_theta + rope_scaling, and
 # for Gemma 3 rope_local_base_freq + sliding_window_pattern instead of layer_types)
 TRANSFORMERS4_FORM = ("gemma3-v4form", "mistral-window", "rope-yarn", "act-gelu")
@@ -153,8 +190,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Any
             model = cls(cfg).eval()
             with torch.no_grad():  # norms and biases away from their init, so a missing one cannot pass
                 for name, p in model.named_parameters():
-                    if name.endswith(("norm.weight", ".bias")):
+                    if name.endswith(("norm.weight", ".bias", "_bias", ".sinks")):
                         p.add_(0.2 * torch.randn_like(p))
+                for name, b in model.named_buffers():  # GLM-4.5's and MiniMax-M2's router correction
+                    if name.endswith("e_score_correction_bias"):
+                        b.copy_(0.05 * torch.randn_like(b))
             out = tmp_path_factory.mktemp(family)
             model.save_pretrained(out)
             if family in TRANSFORMERS4_FORM:
@@ -247,7 +287,27 @@ def test_bf16_prefill_matches_transformers_bf16(built, family: str, engine: str)
     session = Session(_engine(engine, model), model.graph, batch=1, max_ctx=PROMPT)
     got = session.step([0], prompt.astype(np.int32))
     check = compare(got, want, model_tolerance(DType.BF16))
+    if not check.ok and model.config.is_moe:
+        tol = model_tolerance(DType.BF16)
+        bad = np.abs(got - want) > tol.atol + tol.rtol * np.abs(want)  # [1, S, V]
+        tie = _router_near_tie(model, prompt, first_bad=int(np.argmax(bad[0].any(axis=-1))))
+        if tie:
+            pytest.skip(f"{family} bf16 prefill on {engine}: {check}; routing near-tie: {tie}")
     assert check.ok, f"{family} bf16 prefill on {engine}: {check}"
+
+
+def _router_near_tie(model: Any, prompt: np.ndarray, first_bad: int) -> str:
+    """The token up to the first mismatched one (a different expert at token t moves the tokens after
+    it) whose router margin in polymorph's bf16 reference run is under 4 bf16 epsilons, or ""."""
+    from polymorph.verify.numerics import token_margins
+
+    ref = ReferenceExecutable(model.graph, model.weights(), keep_values=True)
+    Session(ref, model.graph, batch=1, max_ctx=PROMPT).step([0], prompt.astype(np.int32))
+    margins = token_margins(model.graph, ref.last_values)  # [tokens], the smallest over the layers
+    if margins is None:
+        return ""
+    t = int(np.argmin(margins[: first_bad + 1]))
+    return f"token {t} margin {margins[t]:.2g}" if margins[t] < 4 * 2.0**-8 else ""
 
 
 @pytest.mark.parametrize("family", ["gemma2", "mistral-window"])
