@@ -4,6 +4,14 @@ calls the trusted timing checks, drawn on the controller's side.
 A case is one call of a group's launch at a (batch, seq) shape: activations (and caches) from a
 distribution, token ids, positions and block tables as a serving step has them (ragged contexts,
 blocks scattered through a small pool), None for a weight, which the worker takes from the engine.
+
+MoE routing, by the case's distribution (`ROUTING`): the expert indices an moe_ffn reads are k distinct
+experts per token, spread uniformly, imbalanced (nine tokens in ten send their first choice to
+expert 0) or all on the same k experts; the logits a topk_router reads are drawn as they come,
+pushed towards expert 0 for most tokens (imbalance), or with near-ties: half the rows with the k-th
+and (k+1)-th logit equal (the contract breaks ties to the lower index), half with them
+`NEAR_TIE_STEPS` steps of the dtype apart relative to the row (beyond the rounding a kernel may
+differ by, so the choice is still determined).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from polymorph.ir.shapes import concrete
 from polymorph.serving.kvcache import PagedKVCache
 
 DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
+ROUTING = dict(zip(DISTRIBUTIONS, ("uniform", "imbalanced", "near-ties"), strict=True))
+NEAR_TIE_STEPS = 16
 
 
 class Undrawable(Exception):
@@ -93,6 +103,7 @@ def draw(
         "block_table": cache.block_table(list(range(batch))),
         "tokens": rng.integers(0, vocab, size=(batch, seq), dtype=np.int32),
     }
+    experts = _expert_inputs(group)
     inputs: list[np.ndarray | None] = []
     for v in group.inputs:
         t = group.types[v]
@@ -105,10 +116,79 @@ def draw(
             inputs.append(draw_float(rng, dist, concrete(t.shape, bindings)).astype(t.dtype.numpy))
         elif v in ints:
             inputs.append(ints[v].astype(t.dtype.numpy))
+        elif v in experts:
+            inputs.append(
+                _expert_indices(rng, concrete(t.shape, bindings), experts[v], ROUTING.get(dist, "uniform"))
+            )
         else:
             raise Undrawable(f"integer input `{v}` has no known meaning to draw from")
+    _shape_router_logits(group, inputs, rng, ROUTING.get(dist, "uniform"))
     release_slid_out(group, inputs, ints["block_table"], ints["positions"], block_size)
     return inputs, {k: n for k, n in bindings.items() if k in group.graph.symbols()}
+
+
+def _group_nodes(group: GroupInfo) -> list[Any]:
+    by_name = {n.name: n for n in group.graph.nodes}
+    return [by_name[name] for name in group.nodes]
+
+
+def _expert_inputs(group: GroupInfo) -> dict[str, int]:
+    """The expert-index inputs of the group's moe_ffn nodes -> the number of experts."""
+    return {
+        n.inputs[2]: int(group.types[n.inputs[3]].shape[0])
+        for n in _group_nodes(group)
+        if n.op == "moe_ffn" and n.inputs[2] in group.inputs
+    }
+
+
+def _expert_indices(
+    rng: np.random.Generator, shape: tuple[int, ...], experts: int, routing: str
+) -> np.ndarray:
+    """k distinct experts per token ([*, k]) as `routing` spreads them."""
+    k = shape[-1]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    if routing == "near-ties":  # every token on the same k experts: one expert group holds them all
+        chosen = np.tile(rng.permutation(experts)[:k], (rows, 1))
+    else:
+        chosen = np.argsort(rng.random((rows, experts)), axis=-1)[:, :k]
+        if routing == "imbalanced":  # nine tokens in ten send their first choice to expert 0
+            hot = rng.random(rows) < 0.9
+            has0 = (chosen == 0).any(axis=-1)
+            swap = hot & ~has0
+            chosen[swap, 0] = 0
+            first = np.argmax(chosen == 0, axis=-1)
+            move = hot & has0
+            chosen[move, first[move]], chosen[move, 0] = chosen[move, 0], 0
+    return chosen.reshape(shape)
+
+
+def _shape_router_logits(
+    group: GroupInfo, inputs: list[np.ndarray | None], rng: np.random.Generator, routing: str
+) -> None:
+    """Imbalance or near-ties into the logits a topk_router of the group reads (see the module doc)."""
+    for node in _group_nodes(group):
+        v = node.inputs[0]
+        if node.op != "topk_router" or v not in group.inputs or routing == "uniform":
+            continue
+        i = group.inputs.index(v)
+        x = inputs[i]
+        if x is None or x.shape[-1] <= int(node.attrs["k"]):
+            continue
+        dtype = x.dtype
+        rows = x.astype(np.float32).reshape(-1, x.shape[-1])
+        scale = np.maximum(np.abs(rows).max(axis=-1), 1.0)
+        if routing == "imbalanced":
+            hot = rng.random(rows.shape[0]) < 0.9
+            rows[hot, 0] += 2.0 * scale[hot]
+        else:
+            k = int(node.attrs["k"])
+            order = np.argsort(-rows, axis=-1, kind="stable")
+            kth, nxt = order[:, k - 1], order[:, k]
+            at = np.arange(rows.shape[0])
+            eps = float(np.finfo(np.float32).eps) if dtype == np.float32 else 2.0**-7
+            gap = np.where(at % 2 == 0, 0.0, NEAR_TIE_STEPS * eps * scale)
+            rows[at, nxt] = rows[at, kth] - gap
+        inputs[i] = rows.reshape(x.shape).astype(dtype)
 
 
 def release_slid_out(
