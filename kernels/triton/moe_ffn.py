@@ -1,5 +1,14 @@
 """The MoE expert FFN: out[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]), e = idx[t, j].
 
+The features of ops._EXPERTS, each a compile-time constant (a kernel without one compiles to the code
+it had before the feature): HAS_BIAS adds b_gate, b_up (before the activation) and b_down (before the
+routing weight); CLAMP is gpt-oss's swiglu_clamp with ALPHA and LIMIT; WEIGHT_INPUT (Llama 4) has the
+routing weight scale the expert's input, applied to the f32 gate/up sums (w (x W^T) = (w x) W^T), and
+the down kernels then take no weight. Pointers a kernel takes only for a feature are the constexpr
+None without it. On the grouped paths the biases start the accumulators (no bias registers live
+through the K loop); swiglu_clamp caps the gate/up N tile at 64 and weight_input the down N tile at
+128, where the default tiles spilled registers (ptxas on sm_90 / sm_100; not timed).
+
 Paths, chosen per launch from the number of token slots S = T * k (`_path`):
 
   GEMV (decode, S <= gemv_max_slots): `_gate_up_gemv` gives each program (slot, block of F rows) of
@@ -25,9 +34,10 @@ tolerance where the output cancels; the pair keeps ~16 more bits). tl.dot runs w
 input_precision="ieee", so f32 models are not demoted to tf32. An f16 model whose |act| passes
 65504 overflows the hi half (the reference would not).
 
-Constraints (supports): cuda or rocm; x and the three weights of one float dtype (bf16, f16, f32);
-routing weights f32/bf16/f16, indices i32/i64 (valid expert ids, as the router writes); concrete
-E, F, D, k. Inputs are made contiguous (a no-op for the runtime's buffers).
+Constraints (supports): cuda or rocm; x and the three weights of one float dtype (bf16, f16, f32),
+the output too; biases (all three or none) f32/bf16/f16; routing weights f32/bf16/f16, indices
+i32/i64 (valid expert ids, as the router writes); concrete E, F, D, k; activation silu or
+swiglu_clamp (finite alpha and limit). Inputs are made contiguous (a no-op for the runtime's buffers).
 
 Config keys (one config sets every path; a launch takes one): gemv_max_slots and small_max_rows pick
 the path; gemv_block_f, gemv_block_d, gemv_block_k, gemv_warps (GEMV); small_block_m, small_block_n,
@@ -109,11 +119,27 @@ CONFIGS = _WARP32_CONFIGS
 _t = depend("triton/_targets.py", "1c2e8016fbcd9a76d262818e2f95239c5b010b16985364165c7beae0fe0c8278")
 
 _SUM_BLOCK_D = 512
+_CLAMP_BLOCK_N = 64  # swiglu_clamp: the gate/up GEMM's N tile at most this
+_WEIGHT_INPUT_DOWN_BLOCK_N = 128  # weight_input: the down GEMM's N tile at most this
 _TRITON_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i32": "i32", "i64": "i64"}
 
 
 def configs(traits: Any) -> list[dict[str, Any]]:
     return _t.configs_for({32: _WARP32_CONFIGS, 64: _WAVE64_CONFIGS}, traits)
+
+
+# --- the expert's activation --------------------------------------------------------------------------
+
+
+@triton.jit
+def _act(g, u, CLAMP: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """act(gate, up) in f32 (reference.expert_activation): silu(g) * u, or gpt-oss's clamped
+    (clip(u, -LIMIT, LIMIT) + 1) * g' * sigmoid(ALPHA g') with g' = min(g, LIMIT)."""
+    if CLAMP:
+        g = tl.minimum(g, LIMIT)
+        u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+        return (u + 1.0) * g * (1.0 / (1.0 + tl.exp(-(ALPHA * g))))
+    return g / (1.0 + tl.exp(-g)) * u
 
 
 # --- decode: GEMV per slot -------------------------------------------------------------------------
@@ -125,12 +151,20 @@ def _gate_up_gemv(
     idx_ptr,  # [S] expert of each slot (S = T * K)
     wg_ptr,  # [E, F, D]
     wu_ptr,  # [E, F, D]
-    act_ptr,  # [S, F] f32: silu(gate x) * up x
+    act_ptr,  # [S, F] f32: act(gate x, up x)
+    bg_ptr,  # [E, F] b_gate (HAS_BIAS), else None
+    bu_ptr,  # [E, F] b_up (HAS_BIAS), else None
+    rw_ptr,  # [S] routing weights (WEIGHT_INPUT: they scale x), else None
     D: tl.constexpr,
     F: tl.constexpr,
     K: tl.constexpr,
     BLOCK_F: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WEIGHT_INPUT: tl.constexpr,
+    CLAMP: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
 ):
     slot = tl.program_id(0)
     token = slot // K
@@ -151,22 +185,31 @@ def _gate_up_gemv(
         acc_u += wu.to(tl.float32) * xv[None, :]
     g = tl.sum(acc_g, axis=1)  # [BLOCK_F]
     u = tl.sum(acc_u, axis=1)
-    h = g / (1.0 + tl.exp(-g)) * u
+    if WEIGHT_INPUT:  # (w x) W^T = w (x W^T): the weight applied to the f32 sums
+        weight = tl.load(rw_ptr + slot).to(tl.float32)
+        g, u = g * weight, u * weight
+    if HAS_BIAS:
+        g += tl.load(bg_ptr + expert * F + offs_f, mask=f_ok, other=0.0).to(tl.float32)
+        u += tl.load(bu_ptr + expert * F + offs_f, mask=f_ok, other=0.0).to(tl.float32)
+    h = _act(g, u, CLAMP, ALPHA, LIMIT)
     tl.store(act_ptr + slot.to(tl.int64) * F + offs_f, h, mask=f_ok)
 
 
 @triton.jit
 def _down_gemv(
     act_ptr,  # [S, F] f32
-    rw_ptr,  # [S] routing weights
+    rw_ptr,  # [S] routing weights (None with WEIGHT_INPUT: the gate/up kernel took them)
     idx_ptr,  # [S]
     wd_ptr,  # [E, D, F]
     out_ptr,  # [T, D]
+    bd_ptr,  # [E, D] b_down (HAS_BIAS), else None
     D: tl.constexpr,
     F: tl.constexpr,
     K: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_F: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WEIGHT_INPUT: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -175,7 +218,8 @@ def _down_gemv(
     for j in range(K):  # the token's k slots, summed here in a fixed order: no atomics
         slot = token * K + j
         expert = tl.load(idx_ptr + slot).to(tl.int64)
-        weight = tl.load(rw_ptr + slot).to(tl.float32)
+        if not WEIGHT_INPUT:
+            weight = tl.load(rw_ptr + slot).to(tl.float32)
         rows = expert * D * F + offs_d[:, None].to(tl.int64) * F  # [BLOCK_D, 1]
         acc = tl.zeros([BLOCK_D, BLOCK_F], dtype=tl.float32)
         for f0 in range(0, F, BLOCK_F):
@@ -184,7 +228,13 @@ def _down_gemv(
             a = tl.load(act_ptr + slot * F + offs_f, mask=f_ok, other=0.0)
             w = tl.load(wd_ptr + rows + offs_f[None, :], mask=d_ok[:, None] & f_ok[None, :], other=0.0)
             acc += w.to(tl.float32) * a[None, :]
-        out += weight * tl.sum(acc, axis=1)
+        y = tl.sum(acc, axis=1)  # [BLOCK_D]
+        if HAS_BIAS:
+            y += tl.load(bd_ptr + expert * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        if WEIGHT_INPUT:
+            out += y
+        else:
+            out += weight * y
     tl.store(out_ptr + token * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
@@ -200,6 +250,9 @@ def _gate_up_grouped(
     act_lo_ptr,  # [S, F] the low half (16-bit weights only; else unused)
     order_ptr,  # [S] i32: the slot at each sorted position
     tiles_ptr,  # [3, n_tiles] i32: expert, first and end sorted position of each M tile
+    bg_ptr,  # [E, F] b_gate (HAS_BIAS), else None
+    bu_ptr,  # [E, F] b_up (HAS_BIAS), else None
+    rw_ptr,  # [S] routing weights by slot (WEIGHT_INPUT), else None
     n_tiles,
     D: tl.constexpr,
     F: tl.constexpr,
@@ -207,6 +260,11 @@ def _gate_up_grouped(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WEIGHT_INPUT: tl.constexpr,
+    CLAMP: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     row0 = tl.load(tiles_ptr + n_tiles + tile)
@@ -216,7 +274,8 @@ def _gate_up_grouped(
     expert = tl.load(tiles_ptr + tile).to(tl.int64)
     offs_m = row0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] sorted positions
     m_ok = offs_m < row1
-    token = (tl.load(order_ptr + offs_m, mask=m_ok, other=0) // K).to(tl.int64)
+    slot = tl.load(order_ptr + offs_m, mask=m_ok, other=0)  # [BLOCK_M]
+    token = (slot // K).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] rows of F
     n_ok = offs_n < F
     offs_k = tl.arange(0, BLOCK_K)
@@ -224,6 +283,10 @@ def _gate_up_grouped(
     b_off = expert * F * D + offs_n[None, :].to(tl.int64) * D + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS and not WEIGHT_INPUT:
+        # the biases start the accumulators: no bias registers held through the loop or the epilogue
+        acc_g += tl.load(bg_ptr + expert * F + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bu_ptr + expert * F + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     for k0 in range(0, D, BLOCK_K):
         k_ok = offs_k + k0 < D
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -236,7 +299,13 @@ def _gate_up_grouped(
         acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
         a_ptrs += BLOCK_K
         b_off += BLOCK_K
-    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # [BLOCK_M, BLOCK_N] f32
+    if WEIGHT_INPUT:  # (w x) W^T = w (x W^T): the weight applied to the f32 accumulators
+        weight = tl.load(rw_ptr + slot, mask=m_ok, other=0.0).to(tl.float32)[:, None]  # [BLOCK_M, 1]
+        acc_g, acc_u = acc_g * weight, acc_u * weight
+    if HAS_BIAS and WEIGHT_INPUT:  # the weight scales x, not the bias: added after it
+        acc_g += tl.load(bg_ptr + expert * F + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bu_ptr + expert * F + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    h = _act(acc_g, acc_u, CLAMP, ALPHA, LIMIT)  # [BLOCK_M, BLOCK_N] f32
     out = offs_m[:, None].to(tl.int64) * F + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if act_ptr.dtype.element_ty != tl.float32:
@@ -254,16 +323,19 @@ def _down_grouped(
     act_ptr,  # [S, F] expert-sorted rows: f32, or the high half in the weights' 16-bit type
     act_lo_ptr,  # [S, F] the low half (16-bit weights only)
     wd_ptr,  # [E, D, F]
-    rw_ptr,  # [S] routing weights, by slot
+    rw_ptr,  # [S] routing weights, by slot (None with WEIGHT_INPUT: the gate/up GEMM took them)
     order_ptr,  # [S] i32
     tiles_ptr,  # [3, n_tiles] i32
     y_ptr,  # [S, D] f32 by slot (or the [T, D] output itself when k = 1)
+    bd_ptr,  # [E, D] b_down (HAS_BIAS), else None
     n_tiles,
     D: tl.constexpr,
     F: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WEIGHT_INPUT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     row0 = tl.load(tiles_ptr + n_tiles + tile)
@@ -280,6 +352,8 @@ def _down_grouped(
     a_off = offs_m[:, None].to(tl.int64) * F + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     b_off = expert * D * F + offs_n[None, :].to(tl.int64) * F + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:  # the bias starts the accumulator (the routing weight multiplies both, after)
+        acc += tl.load(bd_ptr + expert * D + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     for k0 in range(0, F, BLOCK_K):
         k_ok = offs_k + k0 < F
         a_mask = m_ok[:, None] & k_ok[None, :]
@@ -295,7 +369,8 @@ def _down_grouped(
             acc = tl.dot(lo, b, acc, input_precision="ieee")
         a_off += BLOCK_K
         b_off += BLOCK_K
-    acc *= tl.load(rw_ptr + slot, mask=m_ok, other=0.0).to(tl.float32)[:, None]
+    if not WEIGHT_INPUT:
+        acc *= tl.load(rw_ptr + slot, mask=m_ok, other=0.0).to(tl.float32)[:, None]
     out = y_ptr + slot[:, None] * D + offs_n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -350,27 +425,45 @@ def _route_tiles(ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.T
 
 
 def _shapes(spec: Any) -> dict[str, Any]:
-    x, rw, idx, wg, wu, wd = (spec.types[v] for v in spec.single.inputs)
+    x, rw, idx, wg, wu, wd = (spec.types[v] for v in spec.single.inputs[:6])
     experts, ffn, dim = wg.shape
     lead = x.shape[:-1]
     tokens = math.prod(lead) if all(isinstance(d, int) for d in lead) else None
+    attrs = spec.attrs()
+    biases = [str(spec.types[v].dtype) for v in spec.single.inputs[6:]]  # b_gate, b_up, b_down
     return {
         "x": str(x.dtype), "rw": str(rw.dtype), "idx": str(idx.dtype), "w": str(wg.dtype),
+        "b": biases[0] if biases else None, "biases": biases,
         "E": experts, "F": ffn, "D": dim, "K": rw.shape[-1], "T": tokens,
+        "HAS_BIAS": bool(biases), "WEIGHT_INPUT": attrs["weight_input"] is True,
+        "CLAMP": attrs["activation"] == "swiglu_clamp",
+        "ALPHA": float(attrs["alpha"]), "LIMIT": float(attrs["limit"]),
     }  # fmt: skip
 
 
 def supports(spec: Any) -> bool:
     if len(spec.nodes) != 1 or spec.single.op != "moe_ffn" or not spec.target.is_gpu:
         return False
+    node = spec.single
+    if len(node.inputs) not in (6, 9) or len(node.outputs) != 1:
+        return False
+    attrs = spec.attrs()
+    if attrs["activation"] not in ("silu", "swiglu_clamp") or attrs["weight_input"] not in (False, True):
+        return False
+    if attrs["activation"] == "swiglu_clamp" and not all(
+        isinstance(attrs[a], int | float) and math.isfinite(attrs[a]) for a in ("alpha", "limit")
+    ):
+        return False
     s = _shapes(spec)
-    types = [spec.types[v] for v in spec.single.inputs]
+    types = [spec.types[v] for v in node.inputs]
     return (
         s["x"] in ("f32", "bf16", "f16")
         and all(str(t.dtype) == s["x"] for t in (types[3], types[4], types[5]))
         and s["rw"] in ("f32", "bf16", "f16")
         and s["idx"] in ("i32", "i64")
+        and all(b in ("f32", "bf16", "f16") for b in s["biases"])
         and all(isinstance(s[d], int) for d in ("E", "F", "D", "K"))
+        and str(spec.types[node.outputs[0]].dtype) == s["x"]
     )
 
 
@@ -406,22 +499,52 @@ def _sum_options(traits: Any) -> dict[str, Any]:
     return {"num_warps": 4, "num_stages": 1, **_t.extra_options(_t.LAUNCH_DEFAULTS, traits)}
 
 
+# The pointer arguments each kernel takes only for a feature: None (a constexpr) without it, so a
+# kernel without biases or weight_input compiles as if they were not there.
+def _absent(s: dict[str, Any], fn: Any) -> dict[str, None]:
+    """The optional pointers `fn` is launched with as None for the features of `s`."""
+    absent: list[str] = []
+    if not s["HAS_BIAS"]:
+        absent += {_gate_up_gemv: ["bg_ptr", "bu_ptr"], _gate_up_grouped: ["bg_ptr", "bu_ptr"],
+                   _down_gemv: ["bd_ptr"], _down_grouped: ["bd_ptr"]}.get(fn, [])  # fmt: skip
+    if fn in (_gate_up_gemv, _gate_up_grouped) and not s["WEIGHT_INPUT"]:
+        absent.append("rw_ptr")
+    if fn in (_down_gemv, _down_grouped) and s["WEIGHT_INPUT"]:
+        absent.append("rw_ptr")
+    return dict.fromkeys(absent)
+
+
 def _kernels(s: dict[str, Any], config: dict[str, Any], path: str) -> list[tuple[Any, dict[str, Any]]]:
-    """The kernels one path launches, in order, with their constexprs."""
+    """The kernels one path launches, in order, with their constexprs (the absent pointers too)."""
     d, f, k = s["D"], s["F"], s["K"]
+    act = {"HAS_BIAS": s["HAS_BIAS"], "WEIGHT_INPUT": s["WEIGHT_INPUT"], "CLAMP": s["CLAMP"],
+           "ALPHA": s["ALPHA"], "LIMIT": s["LIMIT"]}  # fmt: skip
+    down = {"HAS_BIAS": s["HAS_BIAS"], "WEIGHT_INPUT": s["WEIGHT_INPUT"]}
     if path == "gemv":
         red = config["gemv_block_k"]
-        return [
-            (_gate_up_gemv, {"D": d, "F": f, "K": k, "BLOCK_F": config["gemv_block_f"], "BLOCK_D": red}),
-            (_down_gemv, {"D": d, "F": f, "K": k, "BLOCK_D": config["gemv_block_d"], "BLOCK_F": red}),
+        units = [
+            (
+                _gate_up_gemv,
+                {"D": d, "F": f, "K": k, "BLOCK_F": config["gemv_block_f"], "BLOCK_D": red, **act},
+            ),
+            (_down_gemv, {"D": d, "F": f, "K": k, "BLOCK_D": config["gemv_block_d"], "BLOCK_F": red, **down}),
         ]
+        return [(fn, {**_absent(s, fn), **consts}) for fn, consts in units]
     t = _tile(config, path)
+    # The features' epilogues hold more live registers next to the accumulators: where the default
+    # tiles' kernels then spilled (ptxas, sm_90 and sm_100), their N tiles are capped (not timed).
+    if s["CLAMP"]:
+        t["block_n"] = min(t["block_n"], _CLAMP_BLOCK_N)
+    if s["WEIGHT_INPUT"]:
+        t["down_block_n"] = min(t["down_block_n"], _WEIGHT_INPUT_DOWN_BLOCK_N)
     # 4-byte operands: half the K step keeps each pipeline stage's shared memory at the 16-bit size
     m, kk = t["block_m"], max(16, t["block_k"] // (2 if s["w"] == "f32" else 1))
     units = [
-        (_gate_up_grouped, {"D": d, "F": f, "K": k, "BLOCK_M": m, "BLOCK_N": t["block_n"], "BLOCK_K": kk}),
-        (_down_grouped, {"D": d, "F": f, "BLOCK_M": m, "BLOCK_N": t["down_block_n"], "BLOCK_K": kk}),
-    ]
+        (_gate_up_grouped,
+         {"D": d, "F": f, "K": k, "BLOCK_M": m, "BLOCK_N": t["block_n"], "BLOCK_K": kk, **act}),
+        (_down_grouped, {"D": d, "F": f, "BLOCK_M": m, "BLOCK_N": t["down_block_n"], "BLOCK_K": kk, **down}),
+    ]  # fmt: skip
+    units = [(fn, {**_absent(s, fn), **consts}) for fn, consts in units]
     if k > 1:
         units.append((_sum_slots, {"D": d, "K": k, "BLOCK_D": _SUM_BLOCK_D}))
     return units
@@ -442,7 +565,8 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         # Scratch (act, per-slot rows, routing tables) is allocated here from torch's caching
         # allocator, which a CUDA graph capture serves from its private pool.
-        x, rw, idx, wg, wu, wd = (inputs[i].contiguous() for i in args)
+        x, rw, idx, wg, wu, wd, *biases = (inputs[i].contiguous() for i in args)
+        bg, bu, bd = biases or (None, None, None)  # [E, F], [E, F], [E, D]
         (result,) = outputs
         tokens = x.numel() // dim
         slots = tokens * k
@@ -460,21 +584,28 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
         if path == "gemv":
             (gate_up, gu_consts), (down, dn_consts) = kernels[path]
             act = torch.empty((slots, ffn), device=x.device, dtype=torch.float32)  # [S, F]
-            gate_up[(slots, triton.cdiv(ffn, gemv_f))](xt, idx, wg, wu, act, **gu_consts, **opts)
-            down[(tokens, triton.cdiv(dim, gemv_d))](act, rw, idx, wd, out, **dn_consts, **opts)
+            gate_up[(slots, triton.cdiv(ffn, gemv_f))](
+                xt, idx, wg, wu, act, **{"bg_ptr": bg, "bu_ptr": bu, "rw_ptr": rw, **gu_consts}, **opts
+            )
+            down[(tokens, triton.cdiv(dim, gemv_d))](
+                act, **{"rw_ptr": rw, "idx_ptr": idx, "wd_ptr": wd, "out_ptr": out, "bd_ptr": bd, **dn_consts},
+                **opts,
+            )  # fmt: skip
         else:
             tile = tiles[path]
             order, route, n_tiles = _route_tiles(idx, experts, tile["block_m"])
             (gate_up, gu_consts), (down, dn_consts) = kernels[path][:2]
             act = torch.empty((1 + split_act, slots, ffn), device=x.device, dtype=act_dtype)  # [hi/lo, S, F]
             act_hi, act_lo = act[0], act[-1]  # sorted rows
-            gate_up[(n_tiles, triton.cdiv(ffn, tile["block_n"]))](
-                xt, wg, wu, act_hi, act_lo, order, route, n_tiles, **gu_consts, **opts
-            )
+            gate_up[(n_tiles, triton.cdiv(ffn, gu_consts["BLOCK_N"]))](
+                xt, wg, wu, act_hi, act_lo, order, route, n_tiles=n_tiles,
+                **{"bg_ptr": bg, "bu_ptr": bu, "rw_ptr": rw, **gu_consts}, **opts,
+            )  # fmt: skip
             y = out if k == 1 else torch.empty((slots, dim), device=x.device, dtype=torch.float32)  # [S, D]
-            down[(n_tiles, triton.cdiv(dim, tile["down_block_n"]))](
-                act_hi, act_lo, wd, rw, order, route, y, n_tiles, **dn_consts, **opts
-            )
+            down[(n_tiles, triton.cdiv(dim, dn_consts["BLOCK_N"]))](
+                act_hi, act_lo, wd, order_ptr=order, tiles_ptr=route, y_ptr=y, n_tiles=n_tiles,
+                **{"rw_ptr": rw, "bd_ptr": bd, **dn_consts}, **opts,
+            )  # fmt: skip
             if k > 1:
                 sum_slots, sum_consts = kernels[path][2]
                 sum_slots[(tokens, triton.cdiv(dim, _SUM_BLOCK_D))](y, out, **sum_consts, **sum_options)
@@ -512,6 +643,8 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         "wd_ptr": ptr["w"], "rw_ptr": ptr["rw"], "out_ptr": ptr["x"], "order_ptr": "*i32",
         "tiles_ptr": "*i32", "n_tiles": "i32",
     }  # fmt: skip
+    for name, dtype in zip(("bg_ptr", "bu_ptr", "bd_ptr"), s["biases"], strict=False):
+        pointer_types[name] = "*" + _TRITON_DTYPE[dtype]
     if s["T"] is None:  # every path this config can take
         paths = [p for p, on in (("gemv", config["gemv_max_slots"] > 0), ("small", config["small_max_rows"] > 0),
                                  ("large", True)) if on]  # fmt: skip

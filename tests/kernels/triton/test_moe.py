@@ -7,7 +7,9 @@ The interpreter needs TRITON_INTERPRET=1 before triton is first imported (triton
 this whole process is interpreting, the interpreted cases run in child processes (`python
 tests/kernels/triton/test_moe.py CASE...` runs cases directly). The compile tests build the files'
 compile_units for cuda sm_90 and hip gfx942 at a Mixtral-style shape scaled to one GPU, without a
-device; the device test runs the compiled kernels.
+device; the device test runs the compiled kernels. The routers' modes and features (bias, groups,
+scaling, topk_sigmoid) and the experts' (biases, swiglu_clamp, weight_input) run interpreted in f32
+and bf16, and compile for sm_90, sm_100, gfx942 and gfx950 at their models' layers without spills.
 """
 
 from __future__ import annotations
@@ -53,18 +55,49 @@ def to_torch(a: np.ndarray, dtype: DType, device: str = "cpu") -> torch.Tensor:
 # --- graphs and specs --------------------------------------------------------------------------------
 
 
-def router_graph(tokens: int, experts: int, k: int, dtype: DType, mode: str, normalize: bool) -> Graph:
+def router_graph(
+    tokens: int,
+    experts: int,
+    k: int,
+    dtype: DType,
+    mode: str,
+    normalize: bool,
+    bias: DType | None = None,
+    **attrs: object,
+) -> Graph:
+    """`bias`: the dtype of a selection bias input (sigmoid_topk); attrs: groups, topk_groups, scaling."""
     b = GraphBuilder("router")
     b.input("logits", dtype, (tokens, experts))
+    inputs = ["logits"]
+    if bias is not None:
+        b.input("bias", bias, (experts,))
+        inputs.append("bias")
     b.op(
-        "topk_router", "router", "logits", outputs=("weights", "indices"), k=k, mode=mode, normalize=normalize
+        "topk_router",
+        "router",
+        *inputs,
+        outputs=("weights", "indices"),
+        k=k,
+        mode=mode,
+        normalize=normalize,
+        **attrs,
     )
     b.output("weights", "weights")
     b.output("indices", "indices")
     return b.build()
 
 
-def moe_graph(tokens: int | str, experts: int, k: int, dim: int, ffn: int, dtype: DType) -> Graph:
+def moe_graph(
+    tokens: int | str,
+    experts: int,
+    k: int,
+    dim: int,
+    ffn: int,
+    dtype: DType,
+    biases: bool = False,
+    **attrs: object,
+) -> Graph:
+    """`biases`: b_gate, b_up, b_down inputs; attrs: activation, alpha, limit, weight_input."""
     b = GraphBuilder("moe")
     b.input("x", dtype, (tokens, dim))
     b.input("weights", DType.F32, (tokens, k))
@@ -72,7 +105,13 @@ def moe_graph(tokens: int | str, experts: int, k: int, dim: int, ffn: int, dtype
     b.param("w_gate", dtype, (experts, ffn, dim))
     b.param("w_up", dtype, (experts, ffn, dim))
     b.param("w_down", dtype, (experts, dim, ffn))
-    b.op("moe_ffn", "moe", "x", "weights", "indices", "w_gate", "w_up", "w_down")
+    inputs = ["x", "weights", "indices", "w_gate", "w_up", "w_down"]
+    if biases:
+        b.param("b_gate", dtype, (experts, ffn))
+        b.param("b_up", dtype, (experts, ffn))
+        b.param("b_down", dtype, (experts, dim))
+        inputs += ["b_gate", "b_up", "b_down"]
+    b.op("moe_ffn", "moe", *inputs, **attrs)
     b.output("y", "moe")
     return b.build()
 
@@ -115,6 +154,9 @@ def moe_inputs(rng: np.random.Generator, graph: Graph) -> tuple[dict[str, np.nda
         "w_up": (rng.standard_normal((experts, ffn, dim)) / np.sqrt(dim)).astype(dtype),
         "w_down": (rng.standard_normal((experts, dim, ffn)) / np.sqrt(ffn)).astype(dtype),
     }
+    for name in ("b_gate", "b_up", "b_down"):  # of the size of the products they are added to
+        if name in types:
+            params[name] = rng.standard_normal(types[name].shape).astype(np.float32).astype(dtype)
     return params, inputs
 
 
@@ -126,23 +168,39 @@ def run_reference(graph: Graph, params: dict, inputs: dict) -> dict[str, np.ndar
 # --- checks -------------------------------------------------------------------------------------------
 
 
+def router_bias(rng: np.random.Generator, experts: int, dtype: DType, ties: bool) -> np.ndarray:
+    """A selection bias of the size of the sigmoid scores' spread (quarter steps where ties matter)."""
+    if ties:
+        return (rng.integers(-2, 3, experts) * 0.25).astype(dtype.numpy)
+    return (rng.standard_normal(experts) * 0.2).astype(np.float32).astype(dtype.numpy)
+
+
 def check_router(
-    kf: KernelFile, graph: Graph, target: Target, logits: np.ndarray, where: str, device: str
-) -> None:
+    kf: KernelFile,
+    graph: Graph,
+    target: Target,
+    logits: np.ndarray,
+    where: str,
+    device: str,
+    bias: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Every config's weights and indices against the reference; returns the reference's."""
     spec = spec_of(graph, target)
     assert kf.supports(spec), where
     types = graph.types()
-    dtype = types["logits"].dtype
-    want = run_reference(graph, {}, {"logits": logits})
+    feeds = {"logits": logits} if bias is None else {"logits": logits, "bias": bias}
+    want = run_reference(graph, {}, feeds)
+    args = [to_torch(feeds[v], types[v].dtype, device) for v in spec.inputs]
     for config in kf.configs_for(target):
         weights = torch.full(types["weights"].shape, float("nan"), device=device)
         indices = torch.full(types["indices"].shape, -1, dtype=torch.int32, device=device)
-        kf.build(spec, config, target)([to_torch(logits, dtype, device)], [weights, indices], None)
+        kf.build(spec, config, target)(args, [weights, indices], None)
         at = f"{where}, config {config}"
         got = indices.cpu().numpy()
         assert np.array_equal(got, want["indices"]), f"{at}: indices\n{got}\n!= reference\n{want['indices']}"
         result = compare(weights.cpu().numpy(), want["weights"], op_tolerance(DType.F32))
         assert result.ok, f"{at}: weights: {result}"
+    return want
 
 
 def check_moe(
@@ -189,15 +247,70 @@ def router_ties_case(mode: str, normalize: bool) -> None:
         check_router(kf, graph, CUDA, logits, where, "cpu")
 
 
-def moe_case(target: Target, experts: int, k: int, dtype: DType) -> None:
+# The routers beyond the plain modes, as the models take them: (mode, normalize, has a bias, attrs).
+ROUTER_VARIANTS: dict[str, tuple[str, bool, bool, dict[str, object]]] = {
+    "sigmoid_topk": ("sigmoid_topk", False, False, {}),
+    "sigmoid_topk_bias_norm_scaled": ("sigmoid_topk", True, True, {"scaling": 2.5}),  # GLM-4.5
+    "sigmoid_topk_groups": ("sigmoid_topk", True, True, {"scaling": 2.5}),  # DeepSeek-V3, groups below
+    "topk_sigmoid": ("topk_sigmoid", True, False, {}),  # Llama 4; the reference ignores normalize here
+    "topk_softmax_scaled": ("topk_softmax", False, False, {"scaling": 1.5}),
+    "softmax_topk_norm_scaled": ("softmax_topk", True, False, {"scaling": 0.75}),
+}
+# (experts, k, groups, topk_groups): powers of two and not, the group limit binding
+ROUTER_GROUPS = [(32, 4, 4, 2), (64, 8, 8, 4), (48, 6, 6, 3)]
+
+
+def router_variant_shapes(variant: str, ties: bool) -> list[tuple[int, int, dict[str, object]]]:
+    """(experts, k, group attrs) of a variant's cases."""
+    if variant == "sigmoid_topk_groups":
+        if ties:
+            return [(256, 8, {"groups": 8, "topk_groups": 4}), (200, 5, {"groups": 8, "topk_groups": 2})]
+        return [(e, k, {"groups": g, "topk_groups": kg}) for e, k, g, kg in ROUTER_GROUPS]
+    return [(8, 3, {}), (256, 8, {}), (200, 5, {})] if ties else [(4, 1, {}), (8, 2, {}), (48, 6, {})]
+
+
+def router_variant_case(variant: str, dtype: DType, ties: bool) -> None:
+    """Every config against the reference, the bias (when the variant has one) in the logits' dtype;
+    a groups case also checks that its group limit changes the choice (else it would test nothing)."""
+    kf = kernel("topk_router", interpret=True)
+    seed, rng = seeded("ROUTER_SEED")
+    mode, normalize, has_bias, attrs = ROUTER_VARIANTS[variant]
+    for experts, k, groups in router_variant_shapes(variant, ties):
+        for tokens in (5,) if ties else (1, 3, 7):
+            bias = router_bias(rng, experts, dtype, ties) if has_bias else None
+            bias_dtype = dtype if has_bias else None
+            graph = router_graph(tokens, experts, k, dtype, mode, normalize, bias_dtype, **attrs, **groups)
+            logits = router_logits(rng, tokens, experts, dtype, ties)
+            where = f"{variant} {dtype} E={experts} k={k} {groups} T={tokens} ties={ties} (seed {seed})"
+            want = check_router(kf, graph, CUDA, logits, where, "cpu", bias)
+            if groups and tokens == 7:
+                free = router_graph(tokens, experts, k, dtype, mode, normalize, bias_dtype, **attrs)
+                unlimited = run_reference(free, {}, {"logits": logits, "bias": bias})["indices"]
+                assert not np.array_equal(unlimited, want["indices"]), f"{where}: the group limit never binds"
+
+
+def moe_case(target: Target, experts: int, k: int, dtype: DType, variant: str = "plain") -> None:
     """T 1, 3, 7 with each config: GEMV, small- or large-tile grouped GEMM by the config's limits."""
     kf = kernel("moe_ffn", interpret=True)
     seed, rng = seeded("MOE_SEED")
+    biases, attrs = MOE_VARIANTS[variant]
     for tokens in (1, 3, 7):
-        graph = moe_graph(tokens, experts, k, 32, 48, dtype)
-        check_moe(
-            kf, graph, target, rng, f"{dtype} E={experts} k={k} T={tokens} {target} (seed {seed})", "cpu"
-        )
+        graph = moe_graph(tokens, experts, k, 32, 48, dtype, biases, **attrs)
+        where = f"{variant} {dtype} E={experts} k={k} T={tokens} {target} (seed {seed})"
+        check_moe(kf, graph, target, rng, where, "cpu")
+
+
+# The expert FFNs beyond SwiGLU: (biases, attrs). limit 1 clamps a good share of g and u (both about
+# unit-sized here) and alpha 1.2 differs from the default, so both are exercised.
+CLAMP = {"activation": "swiglu_clamp", "alpha": 1.2, "limit": 1.0}
+MOE_VARIANTS: dict[str, tuple[bool, dict[str, object]]] = {
+    "plain": (False, {}),
+    "bias": (True, {}),
+    "swiglu_clamp": (False, CLAMP),
+    "bias_swiglu_clamp": (True, CLAMP),  # gpt-oss
+    "weight_input": (False, {"weight_input": True}),  # Llama 4
+    "weight_input_bias_clamp": (True, {**CLAMP, "weight_input": True}),
+}
 
 
 def interpreter_cases() -> dict[str, Callable[[], None]]:
@@ -208,12 +321,23 @@ def interpreter_cases() -> dict[str, Callable[[], None]]:
         for dtype in DTYPES:
             cases[f"router-{name}-{dtype}"] = functools.partial(router_case, mode, normalize, dtype)
         cases[f"router-{name}-ties"] = functools.partial(router_ties_case, mode, normalize)
+    for variant in ROUTER_VARIANTS:
+        for dtype in DTYPES:
+            cases[f"router-{variant}-{dtype}"] = functools.partial(router_variant_case, variant, dtype, False)
+        cases[f"router-{variant}-ties"] = functools.partial(router_variant_case, variant, DType.BF16, True)
     for target in (CUDA, ROCM):
         for experts, k in [(4, 1), (8, 2)]:
             for dtype in DTYPES if target == CUDA else (DType.BF16,):  # rocm: the same code, other tiles
                 cases[f"moe-{target.family}-E{experts}-k{k}-{dtype}"] = functools.partial(
                     moe_case, target, experts, k, dtype
                 )
+    for variant in list(MOE_VARIANTS)[1:]:
+        for dtype in DTYPES:
+            cases[f"moe-{variant}-cuda-E8-k2-{dtype}"] = functools.partial(
+                moe_case, CUDA, 8, 2, dtype, variant
+            )
+        # k = 1 (the down GEMM writes the output) on rocm's tiles
+        cases[f"moe-{variant}-rocm-E4-k1-bf16"] = functools.partial(moe_case, ROCM, 4, 1, DType.BF16, variant)
     return cases
 
 
@@ -290,6 +414,41 @@ def test_supports_limits() -> None:
     assert not moe.supports(spec_of(moe_graph(2, 8, 2, 32, 48, DType.BF16), Target("cpu")))
 
 
+def test_supports_router_variants() -> None:
+    """Every mode and feature the kernel implements, and none past its limits (group count, k)."""
+    router = kernel("topk_router", interpret=False)
+    ok = lambda *a, **kw: router.supports(spec_of(router_graph(*a, **kw), CUDA))  # noqa: E731
+    for mode, normalize in [("topk_sigmoid", False), ("sigmoid_topk", True), ("topk_softmax", True)]:
+        assert ok(3, 16, 2, DType.BF16, mode, normalize, scaling=2.0)
+    assert ok(3, 256, 8, DType.BF16, "sigmoid_topk", True, DType.F32, groups=8, topk_groups=4, scaling=2.5)
+    assert ok(3, 256, 8, DType.BF16, "sigmoid_topk", True, DType.BF16, groups=16, topk_groups=0)
+    assert not ok(3, 256, 8, DType.BF16, "sigmoid_topk", True, DType.F32, groups=32, topk_groups=4)
+    assert not ok(3, 256, 9, DType.BF16, "sigmoid_topk", True, DType.F32, groups=8, topk_groups=4)
+
+
+def test_supports_refuses_what_it_does_not_implement() -> None:
+    """Specs the op table allows past the kernels' limits, or with another input count or dtype,
+    are refused (the kernels must never compute another op); specs are built directly, not inferred."""
+    from dataclasses import replace
+
+    router, moe = kernel("topk_router", interpret=False), kernel("moe_ffn", interpret=False)
+    spec = spec_of(router_graph(3, 16, 2, DType.BF16, "sigmoid_topk", False), CUDA)
+    node = spec.single
+    for attrs in [{"scaling": 0.0}, {"scaling": float("inf")}, {"groups": 3}]:
+        bad = replace(node, attrs={**node.attrs, **attrs})
+        assert not router.supports(replace(spec, nodes=(bad,))), attrs
+    spec = spec_of(moe_graph(2, 8, 2, 32, 48, DType.BF16), CUDA)
+    node = spec.single
+    for attrs in [
+        {"activation": "swiglu_clamp", "limit": float("nan")},
+        {"activation": "swiglu_clamp", "alpha": float("inf")},
+    ]:
+        bad = replace(node, attrs={**node.attrs, **attrs})
+        assert not moe.supports(replace(spec, nodes=(bad,))), attrs
+    seven = replace(node, inputs=(*node.inputs[:6], node.inputs[3]))  # 7 inputs: no such form
+    assert not moe.supports(replace(spec, nodes=(seven,)))
+
+
 def test_moe_compile_units_follow_the_path() -> None:
     """Concrete T: the kernels of the path the launch takes; symbolic T: every path of the config."""
     kf = kernel("moe_ffn", interpret=False)
@@ -344,6 +503,49 @@ def test_compile_units(target_name: str, name: str, tokens: int) -> None:
         compiled = triton.compile(source, target=gpu, options=dict(unit.options))
         binary = "cubin" if target.family == "cuda" else "hsaco"
         assert compiled.asm.get(binary), f"{unit.name}: no {binary} for {target}"
+
+
+# The new routers and experts at their models' layers (bf16; moe_ffn at symbolic T: every path's
+# kernels), compiled with their default config for each chip and read back: no register spills.
+VARIANT_GRAPHS: dict[str, Callable[[], Graph]] = {
+    "router-deepseek-v3": lambda: router_graph(
+        32, 256, 8, DType.BF16, "sigmoid_topk", True, DType.F32, groups=8, topk_groups=4, scaling=2.5
+    ),
+    "router-glm-4.5": lambda: router_graph(
+        32, 128, 8, DType.BF16, "sigmoid_topk", True, DType.F32, scaling=2.5
+    ),
+    "router-llama-4": lambda: router_graph(32, 16, 1, DType.BF16, "topk_sigmoid", False),
+    "moe-gpt-oss": lambda: moe_graph("batch", 32, 4, 2880, 2880, DType.BF16, True, activation="swiglu_clamp"),
+    # Llama-4-Scout is D 5120, F 8192, E 16, k 1; scaled as Mixtral's is above
+    "moe-llama-4": lambda: moe_graph("batch", 16, 1, 2560, 4096, DType.BF16, weight_input=True),
+}
+VARIANT_TARGETS = ("cuda:sm_90", "cuda:sm_100", "rocm:gfx942", "rocm:gfx950")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target_name", VARIANT_TARGETS)
+@pytest.mark.parametrize("variant", list(VARIANT_GRAPHS))
+def test_compile_variants_without_spills(variant: str, target_name: str) -> None:
+    """Device code for every unit, and ptxas' spill stores / the AMDGCN's VGPR spills both zero."""
+    from polymorph.backends.gpu import aot
+
+    if process_interprets():
+        pytest.skip("triton was imported under TRITON_INTERPRET=1; AOT compilation needs compiled kernels")
+    target = Target.parse(target_name)
+    graph = VARIANT_GRAPHS[variant]()
+    kf = kernel(
+        variant.split("-")[0].replace("router", "topk_router").replace("moe", "moe_ffn"), interpret=False
+    )
+    spec = spec_of(graph, target)
+    assert kf.supports(spec), variant
+    units = kf.compile_units(spec, kf.configs_for(target)[0], target)
+    assert units
+    for unit in units:
+        compiled = aot.compile_unit(unit, target)
+        binary = "cubin" if target.family == "cuda" else "hsaco"
+        assert compiled.asm.get(binary), f"{unit.name}: no {binary} for {target}"
+        res = compiled.resources
+        assert res.get("spill_bytes") == 0, f"{variant} {unit.name} on {target}: spills ({res})"
 
 
 # --- on a device ----------------------------------------------------------------------------------------
