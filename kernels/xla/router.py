@@ -1,4 +1,5 @@
-"""The top-k router: logits[*, E] -> routing weights[*, k] f32, expert indices[*, k] i32.
+"""The top-k router: logits[*, E] (, bias[E]) -> routing weights[*, k] f32, expert indices[*, k] i32,
+in every mode of ops._ROUTER (grouped selection, normalization and scaling included).
 
 Top-k is k rounds of argmax over the experts not yet taken (ties go to the lower expert index, as in
 the reference): no sort and no TopK custom call in the HLO, and k is small (2 to 8).
@@ -34,21 +35,60 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def sigmoid(x):
+    return 1.0 / (1.0 + jnp.exp(-x))  # as the reference writes it: exp(-x) = inf gives 0
+
+
+def gather_last(x, idx):
+    """x[*, E], idx[*, k] -> x[..., idx] [*, k], as k one-hot sums (no gather in the HLO)."""
+    iota = lax.broadcasted_iota(jnp.int32, (*idx.shape, x.shape[-1]), idx.ndim)
+    return jnp.sum(jnp.where(iota == idx[..., None], x[..., None, :], 0.0), axis=-1)
+
+
+def group_mask(choice, groups, chosen):
+    """choice[*, E] -> bool[*, E]: the experts of the `chosen` groups whose two best scores sum highest."""
+    e = choice.shape[-1]
+    grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)  # [*, G, E/G]
+    best2, _ = topk(grouped, 2)
+    _, keep = topk(best2.sum(axis=-1), chosen)  # [*, chosen]
+    g = lax.broadcasted_iota(jnp.int32, (*keep.shape, groups), keep.ndim)
+    allowed = jnp.any(keep[..., None] == g, axis=-2)  # [*, G]
+    return jnp.repeat(allowed, e // groups, axis=-1)
+
+
+def route(logits, bias, attrs):
+    """logits[*, E] f32 (, bias[E] f32) -> weights[*, k] f32, indices[*, k] i32 (ops._ROUTER)."""
+    mode, k = attrs["mode"], attrs["k"]
+    if mode == "topk_softmax":
+        values, idx = topk(logits, k)
+        weights = softmax(values)
+    elif mode == "topk_sigmoid":
+        values, idx = topk(logits, k)
+        weights = sigmoid(values)
+    elif mode == "softmax_topk":
+        weights, idx = topk(softmax(logits), k)
+    else:  # sigmoid_topk: chosen by scores + bias, weighted by the scores
+        scores = sigmoid(logits)
+        choice = scores if bias is None else scores + bias
+        groups = attrs["groups"]
+        if groups > 1:
+            allowed = group_mask(choice, groups, attrs["topk_groups"] or groups)
+            choice = jnp.where(allowed, choice, -jnp.inf)
+        _, idx = topk(choice, k)
+        weights = gather_last(scores, idx)
+    if attrs["normalize"] and mode in ("softmax_topk", "sigmoid_topk"):
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return weights * jnp.float32(attrs["scaling"]), idx
+
+
 def build(spec, config, target):
     node = spec.single
-    (logits_i,) = spec.args(node)
+    args = spec.args(node)
     attrs = spec.attrs()
-    k = attrs["k"]
 
     def launch(*inputs):
-        logits = inputs[logits_i].astype(jnp.float32)  # [*, E]
-        if attrs["mode"] == "topk_softmax":
-            values, idx = topk(logits, k)
-            weights = softmax(values)
-        else:
-            weights, idx = topk(softmax(logits), k)
-            if attrs["normalize"]:
-                weights = weights / weights.sum(axis=-1, keepdims=True)
-        return weights, idx
+        logits = inputs[args[0]].astype(jnp.float32)  # [*, E]
+        bias = inputs[args[1]].astype(jnp.float32) if len(args) > 1 else None  # [E]
+        return route(logits, bias, attrs)
 
     return launch

@@ -2,16 +2,25 @@
 
 Each option is predicted from the graph one device runs, lowered by the backend and priced by the cost
 model (model.py):
-- TP=t (Megatron style): attention heads, kv heads and the MLP's (or each expert's) intermediate width
-  are split t ways, so a device runs the decoder built from a config with those sizes divided by t.
-  Norms, residuals, the embedding and lm_head are replicated (vocab-parallel lm_head is not modeled).
-  t must divide N, the heads, the kv heads and the intermediate width.
-- EP=t (MoE only): attention as TP=t, and the experts split whole across the same t devices, E/t each;
-  t must divide the expert count. A device's expert work assumes uniform routing: of the bucket's
-  tokens x top-k assignments it serves 1/t, over E/t (1 - (1 - k/E)^tokens) expected active experts,
-  each expert's GEMMs priced at the rate of its rows (model.py, `expert_parallel`).
+- TP=t (Megatron style): attention heads, kv heads (and gpt-oss's per-head sinks) and the MLP's (or
+  each expert's) intermediate width are split t ways, so a device runs the decoder built from a config
+  with those sizes divided by t. Norms, residuals, the embedding, lm_head, the router and gpt-oss's
+  o-projection and expert down-projection biases (added once, after the reduction) are replicated
+  (vocab-parallel lm_head is not modeled). t must divide N, the heads, the kv heads and the widths.
+- EP=e (MoE only; e divides t): attention as TP=t, and the experts split whole across e of the t
+  devices, E/e each, every expert's width split t/e ways (EP=t: whole experts; EP=1: TP of every expert).
+  e must divide the expert count. What is not a routed expert stays TP=t like a dense model: the shared
+  experts (GLM-4.5) are TP-split like a dense MLP, and so are the dense layers of an MoE model
+  (GLM-4.5's first layers, Qwen3-MoE's `mlp_only_layers`). The router is replicated: every device
+  scores all E experts. The device's graph routes over its E/e experts only (its router holds E/e
+  rows), so the rows it lacks are added to the device's memory (`router_rows_bytes`). A device's expert
+  work assumes uniform routing: of the bucket's tokens x top-k assignments it serves 1/e, over
+  E/e (1 - (1 - k/E)^tokens) expected active experts, each expert's GEMMs priced at the rate of its rows
+  (model.py, `expert_parallel`). The dispatch to the experts' devices is priced as the all-reduce after
+  the experts (each device sums its experts' part of every token), not as an all-to-all.
 - Communication: two all-reduces per layer (after the o-projection and after the MLP or experts) of
-  the step's activations [batch, seq, hidden]; a ring all-reduce moves 2 (t-1)/t of them per device, at
+  the step's activations [batch, seq, hidden], and, where q/k RMSNorm spans the whole projection (OLMoE,
+  MiniMax-M2) that TP splits, a third of each token's f32 sums of squares of q and k; a ring all-reduce moves 2 (t-1)/t of them per device, at
   the profile's `interconnect_bandwidth` figure (every profile states it per device and per direction:
   a ring sends and receives at once), plus a fixed cost each: the calibration's `allreduce_latency`
   (the GPU suite measures it over every device of its host, in a loop of back-to-back calls; charged
@@ -21,8 +30,8 @@ model (model.py):
   Without the bandwidth figure the communication time is unknown and the option says so.
 - N / t replicas of the model serve independent batches of the bucket; throughput is replicas x batch
   per step.
-- Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations)
-  against the profile's `memory_capacity`.
+- Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations),
+  plus the replicated router rows under EP, against the profile's `memory_capacity`.
 The choice: among options that fit (or whose fit is unknown) and meet the latency target, the highest
 throughput when a target is given, else the lowest step time; fewer devices per replica break ties.
 """
@@ -164,27 +173,48 @@ def plan_parallel(
 
 
 def device_config(cfg: ModelConfig, tp: int, ep: int) -> ModelConfig:
-    """The config whose decoder is what one device runs under TP=tp, EP=ep (see the module docstring)."""
-    fields: dict[str, int] = {
+    """The config whose decoder is what one device runs under TP=tp, EP=ep (see the module docstring);
+    `_unsplittable` says first whether the sizes divide."""
+    fields: dict[str, object] = {
         "num_attention_heads": cfg.num_attention_heads // tp,
         "num_key_value_heads": cfg.num_key_value_heads // tp,
     }
     if not cfg.is_moe:
         fields["intermediate_size"] = cfg.intermediate_size // tp
-    elif ep > 1:
-        fields["num_experts"] = cfg.num_experts // ep  # type: ignore[operator]
-    elif cfg.model_type == "mixtral":
+        return dataclasses.replace(cfg, **fields)
+    experts, width = cfg.num_experts or 0, cfg.expert_intermediate_size or 0
+    # moe_intermediate_size is set whatever the family, so that `intermediate_size` is left to the dense
+    # layers (Mixtral, OLMoE, MiniMax-M2 and gpt-oss give the experts' width there)
+    fields.update(num_experts=experts // ep, moe_intermediate_size=width // (tp // ep))
+    if cfg.dense_layers:
         fields["intermediate_size"] = cfg.intermediate_size // tp
-    else:
-        fields["moe_intermediate_size"] = cfg.moe_intermediate_size // tp  # type: ignore[operator]
+    if cfg.shared_expert_size:
+        fields["shared_expert_size"] = cfg.shared_expert_size // tp
+    if ep > 1 and cfg.router_groups > 1:
+        # The device routes over its own experts only (a cost proxy: the router's work is the
+        # experts' fraction); its groups are the whole groups it holds, at least one.
+        groups = cfg.router_groups // ep if cfg.router_groups % ep == 0 else 1
+        fields.update(router_groups=groups, router_topk_groups=min(cfg.router_topk_groups, groups))
     return dataclasses.replace(cfg, **fields)
 
 
+def router_rows_bytes(cfg: ModelConfig, ep: int, itemsize: int) -> int:
+    """Bytes of the router rows (gate weight, router bias, correction bias) one device holds beyond its
+    graph's under EP=ep: the router is replicated, the device graph's covers its E/ep experts."""
+    if not cfg.is_moe or ep == 1:
+        return 0
+    missing = (cfg.num_experts or 0) - (cfg.num_experts or 0) // ep
+    per_expert = cfg.hidden_size + cfg.router_bias + cfg.selection_bias
+    moe_layers = sum(cfg.layer_is_moe(i) for i in range(cfg.num_hidden_layers))
+    return missing * per_expert * moe_layers * itemsize
+
+
 def _candidates(cfg: ModelConfig, devices: int) -> list[tuple[int, int]]:
+    """(TP, EP) pairs: TP divides the devices, EP (MoE only) divides TP."""
     divisors = [t for t in range(1, devices + 1) if devices % t == 0]
     out = [(t, 1) for t in divisors]
     if cfg.is_moe:
-        out += [(t, t) for t in divisors if t > 1]
+        out += [(t, e) for t in divisors for e in divisors if 1 < e <= t and t % e == 0]
     return out
 
 
@@ -192,16 +222,26 @@ def _unsplittable(cfg: ModelConfig, tp: int, ep: int) -> str | None:
     for what, n in (("attention heads", cfg.num_attention_heads), ("kv heads", cfg.num_key_value_heads)):
         if n % tp:
             return f"{what} ({n}) do not divide by TP={tp}"
-    if ep > 1:
-        experts = cfg.num_experts or 0
-        if experts % ep or experts // ep < 1:
-            return f"experts ({experts}) do not divide by EP={ep}"
-        if (cfg.num_experts_per_tok or 0) > experts:
-            return f"top-k ({cfg.num_experts_per_tok}) exceeds the experts ({experts})"
+    if not cfg.is_moe:
+        if cfg.intermediate_size % tp:
+            return f"intermediate width ({cfg.intermediate_size}) does not divide by TP={tp}"
         return None
-    width = cfg.expert_intermediate_size if cfg.is_moe else cfg.intermediate_size
-    if width is not None and width % tp:
-        return f"intermediate width ({width}) does not divide by TP={tp}"
+    experts, k = cfg.num_experts or 0, cfg.num_experts_per_tok or 0
+    if experts % ep:
+        return f"experts ({experts}) do not divide by EP={ep}"
+    if k > experts // ep:
+        return (
+            f"top-k ({k}) exceeds the {experts // ep} experts per device at EP={ep}: the device graph "
+            "routes over its own experts"
+        )
+    width = cfg.expert_intermediate_size or 0
+    if width % (tp // ep):
+        how = f"TP={tp}" if ep == 1 else f"TP={tp} / EP={ep}"
+        return f"each expert's width ({width}) does not divide by {how}"
+    if cfg.shared_expert_size % tp:
+        return f"shared experts' width ({cfg.shared_expert_size}) does not divide by TP={tp}"
+    if cfg.dense_layers and cfg.intermediate_size % tp:
+        return f"dense layers' width ({cfg.intermediate_size}) does not divide by TP={tp}"
     return None
 
 
@@ -242,7 +282,7 @@ def _option(
     allreduce_s = None if rows is None else sum(r.predicted_s for r in rows)
     prediction = dataclasses.replace(base, kernels=base.kernels + tuple(rows or ()))
     capacity = profile.memory_bytes()
-    memory = base.footprint.total_bytes
+    memory = base.footprint.total_bytes + router_rows_bytes(m.config, ep, m.dtype.itemsize)
     fits = None if capacity is None else memory <= capacity
     step = compute_s + (allreduce_s or 0.0)
     meets = None if latency_s is None else step <= latency_s
@@ -285,10 +325,29 @@ def _layout(cfg: ModelConfig, tp: int, ep: int, devices: int) -> str:
     copies = f"; {replicas} replicas serve separate batches" if replicas > 1 else ""
     if tp == 1:
         return f"whole model on each device{copies}"
+    rest = [
+        what
+        for what, present in (
+            ("the shared experts", cfg.shared_expert_size > 0),
+            (_dense_layers(len(cfg.dense_layers)), bool(cfg.dense_layers)),
+        )
+        if present
+    ]
+    also = f" ({' and '.join(rest)} split {tp} ways too)" if rest else ""
     if ep > 1:
-        return f"attention split {tp} ways, {(cfg.num_experts or 0) // ep} whole experts per device (EP={ep}){copies}"
+        per = (cfg.num_experts or 0) // ep
+        experts = (
+            f"{per} whole experts per device (EP={ep})"
+            if ep == tp
+            else f"{per} experts per device (EP={ep}), each's width split {tp // ep} ways"
+        )
+        return f"attention split {tp} ways, {experts}{also}{copies}"
     width = "each expert's width" if cfg.is_moe else "MLP width"
-    return f"heads, kv heads and {width} split {tp} ways (TP={tp}){copies}"
+    return f"heads, kv heads and {width} split {tp} ways (TP={tp}){also}{copies}"
+
+
+def _dense_layers(n: int) -> str:
+    return "the dense layer's MLP" if n == 1 else f"the {n} dense layers' MLPs"
 
 
 # The fixed cost of one small all-reduce where no calibration measured it. From the 2 x H200 run of
@@ -302,20 +361,27 @@ ASSUMED_ALLREDUCE_LATENCY_S = 15e-6
 def _allreduce_rows(
     cfg: ModelConfig, profile: Profile, tp: int, batch: int, dtype: DType
 ) -> list[KernelRow] | None:
-    """Two ring all-reduces per layer of [batch, 1, hidden] activations; [] for TP=1, None when unknown."""
+    """Two ring all-reduces per layer of [batch, 1, hidden] activations, and a third of [batch, 2] f32
+    sums of squares where q/k RMSNorm spans the whole (split) projection; [] for TP=1, None when
+    unknown."""
     if tp == 1:
         return []
     link = profile.figure("interconnect_bandwidth")
     if link is None:
         return None
-    nbytes = batch * cfg.hidden_size * dtype.itemsize
-    moved = 2.0 * (tp - 1) / tp * nbytes
     # A measured small all-reduce (the suite on several devices) is its fixed cost: launch, the
     # handshake between devices, the sync. Without one, the assumed figure.
     overhead = allreduce_latency(profile)[0]
+    sizes = [
+        ("attn.o", batch * cfg.hidden_size * dtype.itemsize),
+        ("mlp.down", batch * cfg.hidden_size * dtype.itemsize),
+    ]
+    if cfg.qk_norm_full:  # OLMoE, MiniMax-M2: the norm's mean square is over all heads' q (and k)
+        sizes.insert(0, ("attn.qk_norm", batch * 2 * DType.F32.itemsize))
     rows = []
     for layer in range(cfg.num_hidden_layers):
-        for where in ("attn.o", "mlp.down"):
+        for where, nbytes in sizes:
+            moved = 2.0 * (tp - 1) / tp * nbytes
             wire = moved / link.si
             rows.append(
                 KernelRow(

@@ -177,7 +177,10 @@ def _check_rope_attrs(a: Mapping, head_dim: Dim) -> None:
     if kind != "default":
         _req(a["factor"] > 0, f"{kind} rope needs factor > 0, got {a['factor']}")
     if kind == "llama3":
-        _req(a["high_freq_factor"] != a["low_freq_factor"], "llama3 rope needs high != low_freq_factor")
+        # equal factors have no medium band (Llama 4 Scout): reference.rope_inv_freq
+        _req(
+            a["low_freq_factor"] > 0 and a["high_freq_factor"] > 0, "llama3 rope needs positive freq factors"
+        )
     if kind == "dynamic":
         _req(a["max_position_embeddings"] > 0, "dynamic rope needs max_position_embeddings > 0")
         _req(rd != 2 and head_dim != 2, "dynamic rope needs more than 2 rotary dims")

@@ -89,10 +89,13 @@ def rope_inv_freq(head_dim: int, a: Mapping, dtype: type = np.float32, seq_len: 
         old = a["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
-        inv = np.where(medium, smoothed, scaled)
+        if hi != lo:  # equal factors (Llama 4 Scout's 1.0 and 1.0): no medium band, no smoothing
+            smooth = (old / wavelen - lo) / (hi - lo)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+            inv = np.where(medium, smoothed, scaled)
+        else:
+            inv = scaled
     elif kind == "yarn":
         inv = _yarn_inv_freq(inv, dim, a)
     elif kind == "longrope":

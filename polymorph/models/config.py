@@ -991,8 +991,6 @@ def _rope_from(
             if get(name) is None:
                 raise UserError(f"{where}: llama3 rope scaling needs `{name}`, which is missing")
             fields[name] = _number(where, name, get(name))
-        if fields["high_freq_factor"] == fields["low_freq_factor"]:
-            raise UserError(f"{where}: high_freq_factor must differ from low_freq_factor")
         fields["original_max_position_embeddings"] = original
     elif rope_type == "yarn":
         factor = get("factor")

@@ -1,10 +1,11 @@
-"""The decode plans of the dense-family zoo entries (issue #15) compile for every GPU target without a
-GPU: device code for every kernel, resources stated, nothing spilled.
+"""The decode plans of the dense-family (issue #15) and MoE-family (issue #16) zoo entries compile for
+every GPU target without a GPU: device code for every kernel, resources stated, nothing spilled.
 
 Each plan is built over the shortest prefix of the model's layers that holds every kind of layer the
 whole model has (its window and rope, e.g. Gemma 3's five local layers then a global one), so the
 plan's set of distinct kernels (file, config, shapes) is the whole model's: the remaining layers repeat
-them. A whole-model compile of a 48-layer model takes a minute of Python here, most of it the same
+them. A layer's kind is its window, chunk, rope (or none) and whether its feed-forward is dense or
+routed experts. A whole-model compile of a 48-layer model takes a minute of Python here, most of it the same
 kernels again; `test_prefix_has_every_layer_kind` shows the prefix stands for the whole.
 """
 
@@ -22,19 +23,21 @@ from polymorph.models.config import ModelConfig
 
 pytest.importorskip("triton")
 
-MODELS = ["qwen3-8b", "gemma-3-12b", "mistral-small-24b", "phi-4-mini", "granite-3.3-8b"]
+MODELS = ["qwen3-8b", "gemma-3-12b", "mistral-small-24b", "phi-4-mini", "granite-3.3-8b",
+          "gpt-oss-20b", "gpt-oss-120b", "glm-4.5-air", "olmoe-1b-7b", "minimax-m2", "llama-4-scout"]  # fmt: skip
 TARGETS = [("cuda", "h200", "cuda:sm_90"), ("cuda", "b200", "cuda:sm_100"),
            ("rocm", "mi300x", "rocm:gfx942"), ("rocm", "mi355x", "rocm:gfx950")]  # fmt: skip
 
 
-def layer_kind(cfg: ModelConfig, layer: int) -> tuple[int, str]:
-    return cfg.layer_window(layer), repr(cfg.layer_rope(layer))
+def layer_kind(cfg: ModelConfig, layer: int) -> tuple[int, int, str, bool]:
+    rope = repr(cfg.layer_rope(layer)) if cfg.layer_uses_rope(layer) else "none"
+    return cfg.layer_window(layer), cfg.layer_chunk(layer), rope, cfg.layer_is_moe(layer)
 
 
 def kinds_prefix(cfg: ModelConfig) -> int:
     """The fewest leading layers that hold every (window, rope) kind of the model."""
     every = {layer_kind(cfg, i) for i in range(cfg.num_hidden_layers)}
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, int, str, bool]] = set()
     for i in range(cfg.num_hidden_layers):
         seen.add(layer_kind(cfg, i))
         if seen == every:

@@ -5,6 +5,7 @@ h200) or a fixed cpu calibration; nothing is timed."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -16,6 +17,11 @@ from polymorph.cost import parallel
 from polymorph.errors import UserError
 from polymorph.hardware import microbench
 from polymorph.hardware.microbench import Measurement, SuiteResult
+from polymorph.ir.dtypes import DType
+from polymorph.ir.shapes import numel
+from polymorph.models import Model
+from polymorph.models.config import ModelConfig
+from polymorph.models.decoder import build_decoder
 from polymorph.models.zoo import zoo_config
 
 # Lowering for cuda loads the Triton kernel files, so those tests need triton (the `cuda` extra).
@@ -204,3 +210,162 @@ def test_a_traffic_file_picks_its_heaviest_bucket(empty: Path) -> None:
     assert (plan.batch, plan.ctx) == (want.batch, want.ctx)
     with pytest.raises(UserError, match="either --traffic or --batch/--ctx"):
         parallel.plan_parallel("llama-tiny", 2, backend="cuda", target="h200", traffic=traffic, batch=4)
+
+
+# --- MoE families: how one device's share of the weights is cut (device_config), and the plans of the
+# zoo's large MoE models on 8 x H200.
+
+# Weights every device holds whole (norms, embeddings, the biases added once after a reduction); the
+# per-head q/k norms of Qwen3-style attention are [head_dim], the same on every device.
+REPLICATED = ("layernorm.weight", "model.norm.weight", "embed_tokens.weight", "lm_head.weight",
+              "o_proj.bias")  # fmt: skip
+# The router: replicated in fact; the device's graph holds E / EP of its rows (router_rows_bytes adds
+# the rest to the device's memory).
+ROUTER = ("mlp.gate.weight", "mlp.router.weight", "mlp.router.bias", "e_score_correction_bias",
+          "block_sparse_moe.gate.weight")  # fmt: skip
+
+
+def _fewer_layers(cfg: ModelConfig, n: int) -> ModelConfig:
+    """`cfg` cut to its first n layers (its layer types and dense layers with it): the same tensors per
+    layer, a graph quick to build."""
+    return dataclasses.replace(
+        cfg,
+        num_hidden_layers=n,
+        layer_types=cfg.layer_types[:n],
+        dense_layers=tuple(i for i in cfg.dense_layers if i < n),
+    )
+
+
+def _qwen3_moe_with_dense_layers() -> ModelConfig:
+    return dataclasses.replace(zoo_config("qwen3-30b-a3b"), dense_layers=(0, 2))
+
+
+SPLITS = [
+    ("gpt-oss-20b", 8, 1), ("gpt-oss-20b", 8, 8), ("gpt-oss-120b", 8, 4), ("gpt-oss-120b", 4, 2),
+    ("glm-4.5-air", 8, 8), ("glm-4.5-air", 8, 2), ("glm-4.5-air", 2, 1), ("olmoe-1b-7b", 8, 8),
+    ("olmoe-1b-7b", 4, 1), ("minimax-m2", 8, 8), ("minimax-m2", 8, 4), ("qwen3-moe-dense", 4, 4),
+    ("qwen3-moe-dense", 4, 1), ("mixtral-8x7b", 8, 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "tp", "ep"), SPLITS, ids=[f"{n}-tp{t}-ep{e}" for n, t, e in SPLITS])
+def test_each_devices_share_adds_up_to_the_models_parameters(name: str, tp: int, ep: int) -> None:
+    """Every tensor of the device's graph is the model's, whole (replicated) or cut TP ways (attention,
+    sinks, whole-projection q/k norms, dense and shared-expert MLPs; experts E/EP each at width F/(TP/EP));
+    the router and gpt-oss's expert down biases E/EP rows. The shares then add up to the model's parameter count (config.param_count,
+    a formula independent of the graph)."""
+    full_cfg = _qwen3_moe_with_dense_layers() if name == "qwen3-moe-dense" else zoo_config(name)
+    cfg = _fewer_layers(full_cfg, 4)
+    assert parallel._unsplittable(cfg, tp, ep) is None
+    device = parallel.device_config(cfg, tp, ep)
+    full = build_decoder(cfg, name="full").params
+    mine = build_decoder(device, name="device").params
+    assert set(mine) == set(full)
+    replicated = sharded = router = 0
+    for param, t in full.items():
+        whole, part = numel(t.shape), numel(mine[param].shape)
+        if param.endswith(ROUTER):
+            factor = ep
+            router += whole
+        elif param.endswith("experts.b_down"):  # [E, D]: each device its experts', added after the sum
+            factor = ep
+            replicated += whole
+        elif param.endswith(REPLICATED) or (param.endswith("_norm.weight") and not cfg.qk_norm_full):
+            factor = 1
+            replicated += whole
+        else:
+            factor = tp
+            sharded += part
+        assert whole == factor * part, f"{param}: {t.shape} on one device as {mine[param].shape}"
+        if param.endswith("experts.w_gate"):
+            e, f, d = t.shape
+            assert mine[param].shape == (e // ep, f // (tp // ep), d)
+    assert tp * sharded + replicated + router == cfg.param_count()
+    # What one device holds: its graph's tensors plus the router rows its graph lacks.
+    held = sum(numel(t.shape) for t in mine.values()) + parallel.router_rows_bytes(cfg, ep, 1)
+    b_down = [numel(t.shape) for p, t in full.items() if p.endswith("experts.b_down")]
+    assert held == sharded + replicated + router - sum(b_down) * (ep - 1) // ep
+
+
+def test_an_expert_parallel_degree_the_sizes_do_not_allow_is_not_offered() -> None:
+    mixtral = zoo_config("mixtral-8x7b")  # 8 experts, top-2
+    assert (8, 8) in parallel._candidates(mixtral, 8) and (8, 4) in parallel._candidates(mixtral, 8)
+    assert "top-k (2) exceeds the 1 experts per device" in (parallel._unsplittable(mixtral, 8, 8) or "")
+    assert parallel._unsplittable(mixtral, 8, 4) is None
+    glm = dataclasses.replace(zoo_config("glm-4.5-air"), shared_expert_size=1400)  # 1400 % 16 != 0
+    assert parallel._unsplittable(glm, 8, 8) is None  # 1400 / 8 = 175
+    glm = dataclasses.replace(glm, shared_expert_size=1404)
+    assert "shared experts' width (1404)" in (parallel._unsplittable(glm, 8, 8) or "")
+    dense = dataclasses.replace(_qwen3_moe_with_dense_layers(), intermediate_size=6150)
+    assert "dense layers' width (6150)" in (parallel._unsplittable(dense, 4, 4) or "")
+    assert parallel._unsplittable(dataclasses.replace(dense, dense_layers=()), 4, 4) is None  # unused
+
+
+@pytest.fixture(scope="module")
+def big_moe_on_eight_h200(empty: Path) -> dict[str, parallel.ParallelPlan]:
+    return {
+        name: parallel.plan_parallel(name, 8, backend="cuda", target="h200", calibration_dir=empty)
+        for name in ("gpt-oss-120b", "minimax-m2")
+    }
+
+
+EIGHT_WAYS = {(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8)}
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "minimax-m2"])
+def test_a_big_moe_on_eight_h200s_lists_ep_by_tp_with_memory_and_picks_one_that_fits(
+    big_moe_on_eight_h200: dict[str, parallel.ParallelPlan], name: str
+) -> None:
+    plan = big_moe_on_eight_h200[name]
+    cfg = zoo_config(name)
+    assert {(o.tp, o.ep) for o in plan.options} == EIGHT_WAYS and not plan.rejected
+    for o in plan.options:
+        # bf16 weights of one device's share (its graph's and the router rows it lacks), and no more
+        # than a few GB on top for the KV cache and activations of batch 1 at 1024 tokens
+        weights = 2 * (parallel.device_config(cfg, o.tp, o.ep).param_count())
+        weights += parallel.router_rows_bytes(cfg, o.ep, 2)
+        assert weights < o.memory_bytes < weights + 3e9, (o.tp, o.ep)
+        assert o.capacity_bytes == 141e9 and o.fits == (o.memory_bytes <= 141e9)
+        assert any(("fits:" if o.fits else "needs") in r for r in o.reasons)
+    by = {(o.tp, o.ep): o for o in plan.options}
+    assert by[1, 1].fits is False and by[8, 8].fits is True  # 234 / 458 GB whole; an eighth of it
+    assert by[1, 1].memory_bytes > 2 * cfg.param_count()
+    assert plan.choice is not None and plan.choice.fits
+    assert plan.choice.step_s == min(o.step_s for o in plan.options if o.fits)
+    assert "chosen: lowest step time that fits" in plan.choice.reasons
+    # TP=k EP=e with the same k hold about the same share: E/e experts at width F/(k/e) (what differs:
+    # gpt-oss's expert down biases, tens of MB)
+    for tp in (4, 8):
+        same = [o.memory_bytes for o in plan.options if o.tp == tp]
+        assert same == pytest.approx([same[0]] * len(same), rel=1e-3)
+
+
+@needs_triton
+def test_minimax_needs_four_devices_and_an_all_reduce_for_its_whole_projection_qk_norm(
+    big_moe_on_eight_h200: dict[str, parallel.ParallelPlan],
+) -> None:
+    by = {(o.tp, o.ep): o for o in big_moe_on_eight_h200["minimax-m2"].options}
+    assert by[2, 1].fits is False and by[2, 2].fits is False and by[4, 4].fits is True
+    rows = [k for k in by[8, 8].prediction.kernels if k.pattern == "all_reduce"]
+    assert len(rows) == 3 * 62 and sum(".attn.qk_norm." in k.group for k in rows) == 62
+    gpt = {(o.tp, o.ep): o for o in big_moe_on_eight_h200["gpt-oss-120b"].options}
+    assert sum(k.pattern == "all_reduce" for k in gpt[8, 8].prediction.kernels) == 2 * 36
+
+
+@needs_triton
+def test_expert_tensor_parallel_keeps_the_expert_flops_per_device(empty: Path) -> None:
+    """TP=4 of olmoe's experts in three ways (EP 1, 2, 4): each device does a quarter of the expert FLOPs
+    either way, so the moe_ffn rows agree."""
+    cfg = _fewer_layers(zoo_config("olmoe-1b-7b"), 2)
+    model = Model(name="olmoe-2", graph=build_decoder(cfg, name="olmoe-2", dtype=DType.BF16), source="",
+                  config=cfg)  # fmt: skip
+    plan = parallel.plan_parallel(model, 4, backend="cuda", target="h200", batch=64, calibration_dir=empty)
+    flops = {
+        (o.tp, o.ep): [k.flops for k in o.prediction.kernels if k.pattern == "moe_ffn"]
+        for o in plan.options
+        if o.tp == 4
+    }
+    assert set(flops) == {(4, 1), (4, 2), (4, 4)}
+    for ep in (2, 4):
+        assert flops[4, ep] == pytest.approx(flops[4, 1])
