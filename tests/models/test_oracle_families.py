@@ -310,9 +310,14 @@ def _router_near_tie(model: Any, prompt: np.ndarray, first_bad: int) -> str:
     return f"token {t} margin {margins[t]:.2g}" if margins[t] < 4 * 2.0**-8 else ""
 
 
-@pytest.mark.parametrize("family", ["gemma2", "mistral-window"])
+CLI_CASES = [("gemma2", "cpu"), ("mistral-window", "cpu")] + [
+    (f, b) for f in MOE_FAMILIES for b in ENGINES if b != "reference"
+]
+
+
+@pytest.mark.parametrize(("family", "backend"), CLI_CASES, ids=[f"{f}-{b}" for f, b in CLI_CASES])
 def test_cli_run_gives_transformers_greedy_tokens(
-    built, capsys: pytest.CaptureFixture[str], family: str
+    built, capsys: pytest.CaptureFixture[str], family: str, backend: str
 ) -> None:
     from polymorph.cli import command as cli
 
@@ -321,7 +326,7 @@ def test_cli_run_gives_transformers_greedy_tokens(
     _, gen = _greedy(hf_model, prompt)
     want = gen.sequences[0, PROMPT:].tolist()
     argv = ["run", str(path), "--prompt", " ".join(map(str, prompt[0])), "--new-tokens", str(NEW_TOKENS),
-            "--dtype", "f32", "--backend", "cpu"]  # fmt: skip
+            "--dtype", "f32", "--backend", backend]  # fmt: skip
     code = cli.main(argv)
     out, err = capsys.readouterr()
     assert code == 0, err
