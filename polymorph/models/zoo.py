@@ -105,7 +105,9 @@ def check_fits(name: str, weight_bytes: int, dtype: DType) -> None:
         raise UserError(
             f"model `{name}` needs about {need / 1e9:.1f} GB here ({weight_bytes / 1e9:.1f} GB of {dtype} "
             f"weights, a backend copy and activations) but this machine has {have / 1e9:.1f} GB available; "
-            "use a smaller model or `--dtype bf16`, or compile without running (`polymorph compile`)"
+            f"use a smaller model{' or `--dtype bf16`' if dtype.itemsize > 2 else ''}, compile without "
+            f"running (`polymorph compile`), or see how it splits over devices (`polymorph plan {name} "
+            "--devices 8`)"
         )
 
 
