@@ -1,5 +1,7 @@
 """Attention through torch's scaled_dot_product_attention: causal, and over the paged KV cache, with a
-sliding window (`window`) and logit soft-capping (`softcap`) where the op asks for them."""
+sliding window (`window`), chunked attention (`chunk`), logit soft-capping (`softcap`) and attention
+sinks (the optional `sinks[H]` input: one more logit per query head in each row's softmax, with no
+value) where the op asks for them. Sinks take the "math" form (SDPA has no sink)."""
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +10,7 @@ from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = ("attention", "cache_attention")
 # impl "sdpa": torch's fused kernel with a boolean mask; "math": explicit softmax(q k^T) v in float32
-# (soft-capping always takes this form: SDPA has no cap).
+# (soft-capping and sinks always take this form: SDPA has neither).
 # read (cache_attention only): "live" (the default) reads the positions first (a host read, free on
 # cpu) and gathers only the blocks between the window's first key and the last query: blocks wholly
 # outside the window or past every sequence's end are never read, a decode step at a short context
@@ -35,12 +37,17 @@ CONFIGS = [
 ]
 
 
+# the attrs this file implements (an attr added to the op later is refused until it is)
+_ATTRS = {"scale", "causal", "window", "softcap", "chunk"}
+
+
 def supports(spec):
-    return len(spec.nodes) == 1
+    return len(spec.nodes) == 1 and set(spec.attrs()) <= _ATTRS
 
 
-def _scores_math(q, k, v, visible, scale, softcap):
-    # q: [B, H, S, Dh], k/v: [B, H, T, Dh], visible: [B, 1, S, T] or None
+def _scores_math(q, k, v, visible, scale, softcap, sinks=None):
+    # q: [B, H, S, Dh], k/v: [B, H, T, Dh], visible: [B, 1, S, T] or None, sinks: [H or 1, S or 1] f32
+    # (the sink logit of each query row) or None
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -49,12 +56,21 @@ def _scores_math(q, k, v, visible, scale, softcap):
         # A key no query sees may hold anything (unwritten cache memory, NaN included): p is 0 there,
         # and 0 * NaN is NaN, so its value row is zeroed too.
         v = v.masked_fill(~visible.any(-2)[..., None], 0.0)
-    return scores.softmax(-1) @ v
+    if sinks is None:
+        return scores.softmax(-1) @ v
+    # the sink joins the row's max and its denominator; it carries no value
+    sink = sinks[None, :, :, None].expand(*scores.shape[:-1], 1)  # [B, H, S, 1]
+    top = torch.maximum(scores.amax(-1, keepdim=True), sink)
+    p = torch.exp(scores - top)
+    return (p / (p.sum(-1, keepdim=True) + torch.exp(sink - top))) @ v
 
 
-def _attend(q, k, v, visible, scale, impl, softcap=0.0, gqa="native"):
-    # q: [B, S, H, Dh], k/v: [B, T, Hkv, Dh], visible: [B, S, T] or None (every key seen)
+def _attend(q, k, v, visible, scale, impl, softcap=0.0, gqa="native", sinks=None):
+    # q: [B, S, H, Dh], k/v: [B, T, Hkv, Dh], visible: [B, S, T] or None (every key seen), sinks: [H]
     b, s, h, d = q.shape
+    if sinks is not None:  # SDPA has no sink
+        impl = "math"
+        sinks = sinks.float()
     if visible is not None and impl == "sdpa" and not softcap:
         # SDPA adds its mask to the scores (NaN + -inf is NaN) and weighs V by 0 (0 * NaN is NaN): a key
         # no query of its sequence sees may be unwritten memory, so it is zeroed in K and V first.
@@ -72,7 +88,11 @@ def _attend(q, k, v, visible, scale, impl, softcap=0.0, gqa="native"):
         if impl == "sdpa" and not softcap:
             out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
         else:
-            out = _scores_math(qf, kf, vf, mask, scale, softcap)
+            # rows of kv head g are (r, s): query head g * rep + r at token s
+            sink = (
+                None if sinks is None else sinks.view(hkv, rep, 1).expand(hkv, rep, s).reshape(hkv, rep * s)
+            )
+            out = _scores_math(qf, kf, vf, mask, scale, softcap, sink)
         return out.view(b, hkv, rep, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, h, d)
     q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # [B, H, S, Dh]
     mask = None if visible is None else visible[:, None]  # [B, 1, S, T]
@@ -81,7 +101,7 @@ def _attend(q, k, v, visible, scale, impl, softcap=0.0, gqa="native"):
     else:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        out = _scores_math(q, k, v, mask, scale, softcap)
+        out = _scores_math(q, k, v, mask, scale, softcap, None if sinks is None else sinks[:, None])
     return out.transpose(1, 2)  # [B, S, H, Dh]
 
 
@@ -96,20 +116,27 @@ def build(spec, config, target):
     args = spec.args(node)
     attrs = spec.attrs()
     scale, impl = attrs["scale"], config["impl"]
-    window, softcap = attrs.get("window", 0), attrs.get("softcap", 0.0)
+    window, softcap, chunk = attrs.get("window", 0), attrs.get("softcap", 0.0), attrs.get("chunk", 0)
+    n_in = 5 if node.op == "cache_attention" else 3  # then the optional sinks[H]
+    sink_arg = args[n_in] if len(args) > n_in else None
     read, gqa = config.get("read", "live"), config.get("gqa", "native")
+
+    def sinks_of(inputs):
+        return None if sink_arg is None else inputs[sink_arg]
 
     if node.op == "attention":
 
         def launch(inputs, outputs, scratch):
-            q, k, v = (inputs[i] for i in args)
+            q, k, v = (inputs[i] for i in args[:3])
             s, t = q.shape[1], k.shape[1]
             visible = torch.ones(q.shape[0], s, t, dtype=torch.bool)
             if attrs["causal"]:
                 visible = visible.tril()
             if window:  # query i sees keys i - window < j <= i
                 visible &= ~torch.ones(s, t, dtype=torch.bool).tril(-window)
-            outputs[0].copy_(_attend(q, k, v, visible, scale, impl, softcap, gqa))
+            if chunk:  # query i sees keys j <= i of its own chunk
+                visible &= (torch.arange(s)[:, None] // chunk) == (torch.arange(t)[None, :] // chunk)
+            outputs[0].copy_(_attend(q, k, v, visible, scale, impl, softcap, gqa, sinks_of(inputs)))
 
         return _threaded(launch, config.get("threads", 0))
 
@@ -123,27 +150,31 @@ def build(spec, config, target):
         visible = t[None, None, :] <= pos[:, :, None]  # [B, S, T]
         if window:
             visible &= t[None, None, :] > pos[:, :, None] - window
+        if chunk:
+            visible &= t[None, None, :] // chunk == pos[:, :, None] // chunk
         return visible
 
     def launch_table(inputs, outputs, scratch):
-        if window:  # blocks wholly outside a window are never loaded (the op's contract): read "live"
+        if window or chunk:  # blocks wholly outside a window or chunk are never loaded: read "live"
             return launch_live(inputs, outputs, scratch)
-        q, kc, vc, table, pos = (inputs[i] for i in args)
+        q, kc, vc, table, pos = (inputs[i] for i in args[:5])
         b, blocks = table.shape
         rows = table.reshape(-1).long()  # index_select: one gather kernel, half the cost of kc[table]
         k, v = gather(kc, rows, b, blocks), gather(vc, rows, b, blocks)  # [B, T, Hkv, Dh] logical order
         visible = visible_of(pos.long(), 0, k.shape[1])
-        outputs[0].copy_(_attend(q, k, v, visible, scale, impl, softcap, gqa))
+        outputs[0].copy_(_attend(q, k, v, visible, scale, impl, softcap, gqa, sinks_of(inputs)))
 
-    def attend_live(q, kc, vc, table, pos):
-        """One batch over the blocks from the window's first key to the last query's position: blocks
-        wholly outside are never read. A single query (or one per sequence at one position) slices its
-        keys exactly (no mask)."""
+    def attend_live(q, kc, vc, table, pos, sinks):
+        """One batch over the blocks from the window's (or chunk's) first key to the last query's
+        position: blocks wholly outside are never read. A single query (or one per sequence at one
+        position) slices its keys exactly (no mask)."""
         b, blocks = table.shape
         block_size = kc.shape[1]
         p_min, p_max = int(pos.min()), int(pos.max())
         hi = p_max + 1  # no query sees a key at or past hi
         lo = max(0, p_min - window + 1) if window else 0  # nor one before lo
+        if chunk:
+            lo = p_min // chunk * chunk
         first, last = lo // block_size, min(blocks, -(-hi // block_size))
         n = last - first
         rows = table[:, first:last].reshape(-1)
@@ -154,19 +185,22 @@ def build(spec, config, target):
             # every sequence's queries see, all of them written.
             k, v = k[:, lo - base : hi - base], v[:, lo - base : hi - base]
             if q.shape[1] == 1:  # one query sees them all: no mask
-                return _attend(q, k, v, None, scale, impl, softcap, gqa)
-            return _attend(q, k, v, visible_of(pos.long(), lo, hi - lo), scale, impl, softcap, gqa)
+                return _attend(q, k, v, None, scale, impl, softcap, gqa, sinks)
+            return _attend(q, k, v, visible_of(pos.long(), lo, hi - lo), scale, impl, softcap, gqa, sinks)
         return _attend(q, k, v, visible_of(pos.long(), first * block_size, n * block_size), scale, impl,
-                       softcap, gqa)  # fmt: skip
+                       softcap, gqa, sinks)  # fmt: skip
 
     def launch_live(inputs, outputs, scratch):
-        q, kc, vc, table, pos = (inputs[i] for i in args)
-        outputs[0].copy_(attend_live(q, kc, vc, table, pos))
+        q, kc, vc, table, pos = (inputs[i] for i in args[:5])
+        outputs[0].copy_(attend_live(q, kc, vc, table, pos, sinks_of(inputs)))
 
     def launch_per_seq(inputs, outputs, scratch):
-        q, kc, vc, table, pos = (inputs[i] for i in args)
+        q, kc, vc, table, pos = (inputs[i] for i in args[:5])
+        sinks = sinks_of(inputs)
         for i in range(table.shape[0]):  # each sequence at its own length
-            outputs[0][i : i + 1].copy_(attend_live(q[i : i + 1], kc, vc, table[i : i + 1], pos[i : i + 1]))
+            outputs[0][i : i + 1].copy_(
+                attend_live(q[i : i + 1], kc, vc, table[i : i + 1], pos[i : i + 1], sinks)
+            )
 
     launch = {"table": launch_table, "live": launch_live, "per_seq": launch_per_seq}[read]
     return _threaded(launch, config.get("threads", 0))

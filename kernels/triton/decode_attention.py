@@ -32,7 +32,7 @@ Every shape is a constexpr (the spec is concrete per traffic bucket) and the ten
 the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
 
 Constraints (supports): cuda or rocm; one cache_attention node; q and both caches of one float dtype
-(f32, bf16, f16); block table and positions i32 or i64; 1 <= S <= MAX_SEQ (4) query tokens per
+(f32, bf16, f16); sinks (where given) [H] of a float dtype; block table and positions i32 or i64; 1 <= S <= MAX_SEQ (4) query tokens per
 sequence; concrete heads, kv heads and block size; head dim a power of two in [16, 256].
 
 Config keys: block_n (cache tokens per step of a split), one_block_n (the largest tile of the one-token
@@ -48,6 +48,15 @@ window + BS - 1 tokens instead of the table (`_span`), so a long context with a 
 only the programs its window needs. Slots before the window within its first block are masked out of
 the loads too. Softcap: scores = softcap * tanh(q.k * scale / softcap) after the scale and before the
 mask, tanh from exp2 (no overflow, on every backend).
+
+Chunked attention (the `chunk` attr; 0: none; Llama 4): the query at p sees p // chunk * chunk <= t <= p,
+handled as a window whose first key is its chunk's first: the splits start at the block holding the
+earliest row's chunk start, and at S = 1 they are sized for chunk + BS - 1 tokens (`_span`). Sinks (the
+optional sixth input, [H]; gpt-oss): split 0 starts each row's running max at its head's sink (log2
+domain) and its sum of exp2 at 1, so the sink joins the softmax once however many splits there are
+(split 0 always holds a key of every row, and the reduce merges partials as before). Both are
+constexpr features (CHUNK, SINKS): without them the kernels compile as before (the sinks pointer is
+then q, never read).
 """
 
 from __future__ import annotations
@@ -124,6 +133,14 @@ def _window_base(pos, WINDOW: tl.constexpr, BS: tl.constexpr):
 
 
 @triton.jit
+def _first_key(pos, WINDOW: tl.constexpr, CHUNK: tl.constexpr):
+    """The first key position pos sees under a window or a chunk (one of them is set)."""
+    if WINDOW > 0:
+        return tl.maximum(pos - WINDOW + 1, 0)
+    return pos // CHUNK * CHUNK
+
+
+@triton.jit
 def _softcap(qk, CAP_IN: tl.constexpr, CAP_OUT: tl.constexpr):
     """CAP_OUT * tanh(qk * CAP_IN) as CAP_OUT - 2 CAP_OUT / (exp(2 qk CAP_IN) + 1): exp2 on every backend,
     +-CAP_OUT where exp2 over- or underflows, an absolute error near 0 of a few f32 ulps of CAP_OUT,
@@ -142,6 +159,7 @@ def _decode_split_kernel(
     part_acc_ptr,  # [B * S * H, NUM_SPLITS, D] f32 unnormalised sum p v, when NUM_SPLITS > 1
     part_m_ptr,  # [B * S * H, NUM_SPLITS] f32 running max (log2 domain)
     part_l_ptr,  # [B * S * H, NUM_SPLITS] f32 sum of exp2
+    sinks_ptr,  # [H] float when SINKS, else unused
     SCALE: tl.constexpr,  # softmax scale * log2(e)
     S: tl.constexpr,
     H: tl.constexpr,
@@ -158,6 +176,8 @@ def _decode_split_kernel(
     WINDOW: tl.constexpr = 0,  # > 0: token p sees p - WINDOW < t <= p; splits start at the window's block
     SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
     CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP (raw q.k to tanh's argument)
+    CHUNK: tl.constexpr = 0,  # > 0: token p sees p // CHUNK * CHUNK <= t <= p; splits start at its block
+    SINKS: tl.constexpr = False,  # sinks_ptr holds one logit per query head (split 0 adds it)
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -177,10 +197,10 @@ def _decode_split_kernel(
     # a window), so no block wholly before every row's window is read (_window_base)
     start = sp * SPLIT_TOKENS
     lo = 0  # no row sees a key before lo
-    if WINDOW > 0:
+    if WINDOW > 0 or CHUNK > 0:
         first = tl.min(tl.where(row_ok, pos, 2**30), axis=0)  # the earliest row's position
-        start += _window_base(first, WINDOW, BS)
-        lo = tl.maximum(first - WINDOW + 1, 0)
+        lo = _first_key(first, WINDOW, CHUNK)
+        start += lo // BS * BS
     if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
         if start >= n_tok:  # past the end of this sequence: nothing to contribute
             return
@@ -192,12 +212,16 @@ def _decode_split_kernel(
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
+    if SINKS:  # split 0 starts from the sink: exp2(sink - m) is then in l_i, once
+        sink = tl.load(sinks_ptr + h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(sp == 0, sink, m_i)
+        l_i = tl.where(sp == 0, 1.0, l_i)
     acc = tl.zeros([ROWS, D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     for t0 in range(start, end, BLOCK_N):
         t = t0 + n  # [BLOCK_N] logical token
         t_ok = t < end
-        if WINDOW > 0:  # a slot before every row's window is never read (it may hold NaN)
+        if WINDOW > 0 or CHUNK > 0:  # a slot before every row's window (chunk) is never read (NaN)
             t_ok = t_ok & (t >= lo)
         blk = tl.load(table_ptr + b * CTX_BLOCKS + t // BS, mask=t_ok, other=0)
         kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
@@ -211,6 +235,8 @@ def _decode_split_kernel(
         visible = t_ok[None, :] & (t[None, :] <= pos[:, None])  # [ROWS, BLOCK_N]
         if WINDOW > 0:
             visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+        if CHUNK > 0:
+            visible = visible & (t[None, :] >= pos[:, None] // CHUNK * CHUNK)
         if SOFTCAP > 0:
             qk = _softcap(qk, CAP_IN, SOFTCAP * 1.4426950408889634)  # log2 domain, as SCALE is
         else:
@@ -262,6 +288,7 @@ def _decode_one_kernel(
     part_acc_ptr,  # [B * H, NUM_SPLITS, D] f32 unnormalised sum p v, when NUM_SPLITS > 1
     part_m_ptr,  # [B * H, NUM_SPLITS] f32 running max (log2 domain)
     part_l_ptr,  # [B * H, NUM_SPLITS] f32 sum of exp2
+    sinks_ptr,  # [H] float when SINKS, else unused
     SCALE: tl.constexpr,  # softmax scale * log2(e)
     H: tl.constexpr,
     HKV: tl.constexpr,
@@ -277,6 +304,8 @@ def _decode_one_kernel(
     WINDOW: tl.constexpr = 0,  # > 0: the query at p sees p - WINDOW < t <= p; splits start at its block
     SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
     CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP
+    CHUNK: tl.constexpr = 0,  # > 0: the query at p sees p // CHUNK * CHUNK <= t <= p; splits start there
+    SINKS: tl.constexpr = False,  # sinks_ptr holds one logit per query head (split 0 adds it)
 ):
     """Split-K over the context for one query token per sequence: grid (kv_heads, splits, batch). The
     tile loop has a static trip count (SPLIT_TOKENS / BLOCK_N), so the table and cache loads of a split
@@ -299,6 +328,8 @@ def _decode_one_kernel(
     start = sp * SPLIT_TOKENS
     if WINDOW > 0:  # from the window's first block
         start += _window_base(pos, WINDOW, BS)
+    if CHUNK > 0:  # from the chunk's first block
+        start += pos // CHUNK * CHUNK // BS * BS
     if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test apart from the runtime one)
         if start >= n_tok:  # past the end of this sequence: the reduce reads no partial of it
             return
@@ -308,6 +339,10 @@ def _decode_one_kernel(
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
+    if SINKS:  # split 0 starts from the sink: exp2(sink - m) is then in l_i, once
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(sp == 0, sink, m_i)
+        l_i = tl.where(sp == 0, 1.0, l_i)
     acc = tl.zeros([ROWS, D], tl.float32)
     for i in range(0, SPLIT_TOKENS, BLOCK_N):
         t = start + i + n  # [BLOCK_N] logical token
@@ -316,6 +351,8 @@ def _decode_one_kernel(
         seen = in_table & (t < n_tok)  # [BLOCK_N] a slot past the end is never read (it may hold NaN)
         if WINDOW > 0:  # nor one before the window (the split starts at its block, not at its token)
             seen = seen & (t > pos - WINDOW)
+        if CHUNK > 0:  # nor one before the chunk
+            seen = seen & (t >= pos // CHUNK * CHUNK)
         kv = (blk.to(tl.int64) * BS + t % BS) * (HKV * D) + g * D  # [BLOCK_N] cache row offset
         k = tl.load(k_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
         v = tl.load(v_ptr + kv[:, None] + d[None, :], mask=seen[:, None], other=0.0)  # [BLOCK_N, D]
@@ -381,6 +418,7 @@ def _decode_reduce_kernel(
     USE_GDC: tl.constexpr,  # launched with PDL: wait for the split kernel before reading its partials
     S: tl.constexpr = 1,  # query tokens per sequence
     WINDOW: tl.constexpr = 0,
+    CHUNK: tl.constexpr = 0,
 ):
     row = tl.program_id(0)  # (b * S + s) * H + h
     if USE_GDC:
@@ -389,10 +427,10 @@ def _decode_reduce_kernel(
     pos = tl.load(pos_ptr + row // H).to(tl.int32)
     n_tok = tl.minimum(pos + 1, CTX_BLOCKS * BS)
     base = 0
-    if WINDOW > 0:  # the split kernel's first block: from the earliest position of the sequence's rows
+    if WINDOW > 0 or CHUNK > 0:  # the split kernel's first block: from the sequence's earliest row
         first = tl.load(pos_ptr + (row // H // S) * S + tl.arange(0, _SEQ_P2), mask=tl.arange(0, _SEQ_P2) < S,
                         other=2**30)  # fmt: skip
-        base = _window_base(tl.min(first.to(tl.int32), axis=0), WINDOW, BS)
+        base = _first_key(tl.min(first.to(tl.int32), axis=0), WINDOW, CHUNK) // BS * BS
     n_valid = (n_tok - base + SPLIT_TOKENS - 1) // SPLIT_TOKENS  # splits that saw a token of this row
     j = tl.arange(0, SPLITS_P2)
     ok = j < n_valid
@@ -458,11 +496,17 @@ def _is_pow2(x: Any) -> bool:
 def supports(spec: Any) -> bool:
     if len(spec.nodes) != 1 or spec.single.op != "cache_attention" or not spec.target.is_gpu:
         return False
-    q, kc, vc, table, pos = (spec.types[v] for v in spec.single.inputs)
+    q, kc, vc, table, pos = (spec.types[v] for v in spec.single.inputs[:5])
+    sinks = [spec.types[v] for v in spec.single.inputs[5:]]
     _, s, h, d = q.shape
     _, bs, hkv, _ = kc.shape
+    attrs = spec.attrs()
     return (
-        str(q.dtype) in _FLOATS
+        len(sinks) <= 1
+        and all(str(x.dtype) in _FLOATS and x.shape == (h,) for x in sinks)
+        and set(attrs) <= {"scale", "window", "softcap", "chunk"}
+        and not (attrs.get("window") and attrs.get("chunk"))
+        and str(q.dtype) in _FLOATS
         and kc.dtype == q.dtype
         and vc.dtype == q.dtype
         and str(table.dtype) in ("i32", "i64")
@@ -492,6 +536,8 @@ def _params(
     traits: Any,
     window: int = 0,
     softcap: float = 0.0,
+    chunk: int = 0,
+    sinks: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The split (S = 1: one-token, unless the config's `one_kernel` is off) and reduce kernels'
     constexprs for one concrete shape."""
@@ -499,7 +545,7 @@ def _params(
     one = s == 1 and config.get("one_kernel", True)
     plan = _one_plan if one else _split_plan
     splits, split_tokens, block_n = plan(
-        batch, hkv, _span(s, ctx_blocks * bs, bs, window), config, traits.units
+        batch, hkv, _span(s, ctx_blocks * bs, bs, window or chunk), config, traits.units
     )
     split = {
         "SCALE": float(scale) * _LOG2E,
@@ -518,6 +564,8 @@ def _params(
         "WINDOW": int(window),
         "SOFTCAP": float(softcap),
         "CAP_IN": float(scale) / float(softcap) if softcap else 1.0,
+        "CHUNK": int(chunk),  # 0 and False: the code of the kernel without them
+        "SINKS": bool(sinks),
     }
     reduce = {
         "H": h,
@@ -530,14 +578,16 @@ def _params(
         "USE_GDC": gdc,
         "S": s,
         "WINDOW": int(window),
+        "CHUNK": int(chunk),
     }
     return split, reduce
 
 
 def _span(s: int, ctx_tokens: int, bs: int, window: int) -> int:
-    """Cache tokens the splits of one sequence must cover: the table's, or under a window at S = 1 the
-    window from the start of the block holding its first key (window + bs - 1 at most); at S > 1 the
-    table's (rows need not be consecutive), starting at the earliest row's window block."""
+    """Cache tokens the splits of one sequence must cover: the table's, or under a window (or a chunk:
+    `window` is then the chunk size, the most keys a query sees) at S = 1 the window from the start of
+    the block holding its first key (window + bs - 1 at most); at S > 1 the table's (rows need not be
+    consecutive), starting at the earliest row's window block."""
     if not window or s > 1:
         return ctx_tokens
     return min(ctx_tokens, window + bs - 1)
@@ -546,6 +596,10 @@ def _span(s: int, ctx_tokens: int, bs: int, window: int) -> int:
 def _window_softcap(spec: Any) -> tuple[int, float]:
     attrs = spec.attrs()
     return int(attrs.get("window", 0) or 0), float(attrs.get("softcap", 0.0) or 0.0)
+
+
+def _chunk_sinks(spec: Any) -> tuple[int, bool]:
+    return int(spec.attrs().get("chunk", 0) or 0), len(spec.single.inputs) > 5
 
 
 def _split_kernel(split: dict[str, Any]) -> Any:
@@ -585,13 +639,15 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     _, bs, hkv, _ = kc_t.shape
     dtype = str(q_t.dtype)
     window, softcap = _window_softcap(spec)
+    chunk, has_sinks = _chunk_sinks(spec)
     cache: dict[
         tuple[int, int], tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
     ] = {}
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
-        q, kc, vc, table, pos = (inputs[i] for i in args)
+        q, kc, vc, table, pos = (inputs[i] for i in args[:5])
         q, kc, vc, table, pos = (x.contiguous() for x in (q, kc, vc, table, pos))
+        sinks = inputs[args[5]].contiguous() if has_sinks else q  # q: never read without SINKS
         out = outputs[0]
         batch, ctx_blocks = table.shape
         if batch == 0 or ctx_blocks == 0:
@@ -599,8 +655,9 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
         key = (batch, ctx_blocks)
         if key not in cache:
             split, reduce = _params(
-                s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, traits, window, softcap
-            )
+                s, h, hkv, d, bs, batch, ctx_blocks, scale, dtype, config, traits, window, softcap, chunk,
+                has_sinks,
+            )  # fmt: skip
             cache[key] = (
                 _split_kernel(split), split, _options(config, traits, split), reduce,
                 _reduce_options(reduce, traits),
@@ -614,7 +671,9 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
             part_acc = torch.empty((batch * s * h, splits, d), dtype=torch.float32, device=q.device)
             part_m = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
             part_l = torch.empty((batch * s * h, splits), dtype=torch.float32, device=q.device)
-        kernel[_grid(split, batch)](q, kc, vc, table, pos, o, part_acc, part_m, part_l, **split, **options)
+        kernel[_grid(split, batch)](
+            q, kc, vc, table, pos, o, part_acc, part_m, part_l, sinks, **split, **options
+        )  # fmt: skip
         if splits > 1:
             _decode_reduce_kernel[(batch * s * h,)](
                 part_acc, part_m, part_l, pos, o, **reduce, **reduce_options
@@ -629,7 +688,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     from polymorph.pipeline.kernel_files import CompileUnit
 
     node = spec.single
-    q_t, kc_t, _, table_t, pos_t = (spec.types[v] for v in node.inputs)
+    q_t, kc_t, _, table_t, pos_t = (spec.types[v] for v in node.inputs[:5])
     batch, s, h, d = q_t.shape
     _, bs, hkv, _ = kc_t.shape
     ctx_blocks = table_t.shape[1]
@@ -640,15 +699,18 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         )
     dtype = str(q_t.dtype)
     window, softcap = _window_softcap(spec)
+    chunk, has_sinks = _chunk_sinks(spec)
     split, reduce = _params(
-        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits, window, softcap
-    )
+        s, h, hkv, d, bs, batch, ctx_blocks, spec.attrs()["scale"], dtype, config, traits, window, softcap,
+        chunk, has_sinks,
+    )  # fmt: skip
     data, table, pos = (
         "*" + _TRITON_DTYPE[dtype],
         "*" + _TRITON_DTYPE[str(table_t.dtype)],
         "*" + _TRITON_DTYPE[str(pos_t.dtype)],
     )
     partial = "*fp32" if split["NUM_SPLITS"] > 1 else data
+    sinks = "*" + _TRITON_DTYPE[str(spec.types[node.inputs[5]].dtype)] if has_sinks else data
     split_sig = {
         "q_ptr": data,
         "k_ptr": data,
@@ -659,6 +721,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         "part_acc_ptr": partial,
         "part_m_ptr": partial,
         "part_l_ptr": partial,
+        "sinks_ptr": sinks,
         **{name: "constexpr" for name in split},
     }
     units = [
@@ -696,13 +759,14 @@ def occupancy(
     seq: int = 1,
     window: int = 0,
     block_size: int = 16,
+    chunk: int = 0,
 ) -> dict[str, Any]:
     """How the split heuristic fills the chip `traits` describes at one shape, `seq` query tokens per
     sequence (for reports and the tuner's notes); `traits.units` is the smallest chip of its arch
     (traits_for)."""
     units = traits.units
     plan = _one_plan if seq == 1 and config.get("one_kernel", True) else _split_plan
-    span = _span(seq, ctx_tokens, block_size, window)
+    span = _span(seq, ctx_tokens, block_size, window or chunk)
     splits, split_tokens, block_n = plan(batch, hkv, span, config, units)
     ctas = batch * hkv * splits
     return {

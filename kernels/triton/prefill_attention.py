@@ -15,7 +15,7 @@ Every shape is a constexpr (the spec is concrete per traffic bucket) and the ten
 the only launch-time specialization Triton adds is the 16-byte alignment of the pointers.
 
 Constraints (supports): cuda or rocm; one attention or cache_attention node; q, k and v of one float
-dtype (f32, bf16, f16); concrete heads and kv heads; head dim a power of two in [16, 256];
+dtype (f32, bf16, f16); sinks (where given) [H] of a float dtype; concrete heads and kv heads; head dim a power of two in [16, 256];
 cache_attention also: block table and positions i32 or i64, a concrete block size, and S > 4 query
 tokens (or a symbolic S, which is prefill's; decode_attention.py takes S <= 4).
 
@@ -24,6 +24,13 @@ under a window a tile's keys are [first, hi), first the earliest row's first vis
 it (whole cache blocks included) are never read; the keys every row sees run unmasked, the window's
 head and the causal tail masked. Softcap: scores = softcap * tanh(q.k * scale / softcap) after the
 scale and before the mask.
+
+Chunked attention (the `chunk` attr; 0: none; Llama 4; causal): the query at p sees p // chunk * chunk <=
+t <= p, taken as a window whose first key is the chunk's: a tile reads keys from the earliest row's
+chunk start on, never a block before it. Sinks (the optional last input, [H]; gpt-oss): each row's
+running max starts at its head's sink (log2 domain) and its sum of exp2 at 1, so the sink joins the
+softmax once and carries no value. Both are constexpr features (CHUNK, SINKS): without them the kernel
+compiles as before (the sinks pointer is then q, never read).
 
 Config keys: block_m (queries per program), block_n (keys per step), num_warps, num_stages; the
 arch's launch options (waves_per_eu) where it takes them.
@@ -106,6 +113,7 @@ def _flash_attention_kernel(
     table_ptr,  # paged: [B, CTX_BLOCKS] int; plain: unused
     pos_ptr,  # paged: [B, S] int; plain: unused
     out_ptr,  # [B, S, H, D]
+    sinks_ptr,  # [H] float when SINKS, else unused
     SCALE: tl.constexpr,  # softmax scale * log2(e)
     S: tl.constexpr,
     H: tl.constexpr,
@@ -122,6 +130,8 @@ def _flash_attention_kernel(
     WINDOW: tl.constexpr = 0,  # > 0: the query at p sees p - WINDOW < t <= p (causal)
     SOFTCAP: tl.constexpr = 0.0,  # > 0: scores = SOFTCAP * tanh(q.k * scale / SOFTCAP)
     CAP_IN: tl.constexpr = 1.0,  # scale / SOFTCAP
+    CHUNK: tl.constexpr = 0,  # > 0: the query at p sees p // CHUNK * CHUNK <= t <= p (causal)
+    SINKS: tl.constexpr = False,  # sinks_ptr holds one logit per query head
 ):
     bh = tl.program_id(0)
     mt = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -150,6 +160,9 @@ def _flash_attention_kernel(
     if WINDOW > 0:
         first = tl.maximum(p_min - WINDOW + 1, 0)
         every = tl.maximum(p_max - WINDOW + 1, 0)
+    if CHUNK > 0:  # the same with each row's chunk start for its window's
+        first = p_min // CHUNK * CHUNK
+        every = p_max // CHUNK * CHUNK
     mid = tl.minimum((every + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
     tail = tl.maximum(mid, lo)
 
@@ -161,11 +174,15 @@ def _flash_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:  # the sink in the running max and sum from the start: exp2(sink - m) is in l_i
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], tl.float32) + sink
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     # phase 0: keys [mid, tail), visible to every row, no mask; phase 1: keys [tail, hi), masked;
-    # phase 2 (a window only): keys [first, mid), masked
-    for phase in tl.static_range(2 + (WINDOW > 0)):
+    # phase 2 (a window or chunk only): keys [first, mid), masked
+    for phase in tl.static_range(2 + (WINDOW > 0 or CHUNK > 0)):
         if phase == 0:
             t_begin = mid
             t_end = tail
@@ -206,6 +223,8 @@ def _flash_attention_kernel(
                 visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
                 if WINDOW > 0:
                     visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+                if CHUNK > 0:
+                    visible = visible & (t[None, :] >= pos[:, None] // CHUNK * CHUNK)
                 qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -244,10 +263,18 @@ def supports(spec: Any) -> bool:
     if node.op not in ("cache_attention", "attention"):
         return False
     q, k, v = (spec.types[x] for x in node.inputs[:3])
+    n_in = 5 if node.op == "cache_attention" else 3  # then the optional sinks[H]
+    sinks = [spec.types[x] for x in node.inputs[n_in:]]
     _, s, h, d = q.shape
     hkv = k.shape[2]
+    attrs = spec.attrs()
     ok = (
-        str(q.dtype) in _FLOATS
+        len(sinks) <= 1
+        and all(str(x.dtype) in _FLOATS and x.shape == (h,) for x in sinks)
+        and set(attrs) <= {"scale", "causal", "window", "softcap", "chunk"}
+        and not (attrs.get("window") and attrs.get("chunk"))
+        and (not (attrs.get("window") or attrs.get("chunk")) or attrs.get("causal", True))
+        and str(q.dtype) in _FLOATS
         and k.dtype == q.dtype
         and v.dtype == q.dtype
         and isinstance(h, int)
@@ -257,7 +284,7 @@ def supports(spec: Any) -> bool:
     )
     if node.op == "attention":
         return ok
-    table, pos = (spec.types[x] for x in node.inputs[3:])
+    table, pos = (spec.types[x] for x in node.inputs[3:5])
     bs = k.shape[1]
     return (
         ok
@@ -310,9 +337,11 @@ def _constexprs(
     traits: Any,
     window: int = 0,
     softcap: float = 0.0,
+    chunk: int = 0,
+    sinks: bool = False,
 ) -> dict[str, Any]:
     block_m, block_n = _tiles(config, s, d, dtype, traits)
-    if window:  # the window's third (masked head) loop holds more live values: 64-key tiles (sm_90
+    if window or chunk:  # the window's third (masked head) loop holds more live values: 64-key tiles (sm_90
         block_n = min(block_n, 64)  # spilled 12-24 bytes at 64 x 128 on a 2k prompt, none at 64 x 64)
     paged = op == "cache_attention"
     return {
@@ -332,6 +361,8 @@ def _constexprs(
         "WINDOW": int(window),
         "SOFTCAP": float(softcap),
         "CAP_IN": float(scale) / float(softcap) if softcap else 1.0,
+        "CHUNK": int(chunk),  # 0 and False: the code of the kernel without them
+        "SINKS": bool(sinks),
     }
 
 
@@ -350,6 +381,9 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
     op, scale = node.op, attrs["scale"]
     causal = bool(attrs.get("causal", True))
     window, softcap = int(attrs.get("window", 0) or 0), float(attrs.get("softcap", 0.0) or 0.0)
+    chunk = int(attrs.get("chunk", 0) or 0)
+    n_in = 5 if op == "cache_attention" else 3
+    has_sinks = len(args) > n_in
     q_t, k_t = spec.types[node.inputs[0]], spec.types[node.inputs[1]]
     h, d = q_t.shape[2], q_t.shape[3]
     hkv = k_t.shape[2]
@@ -359,12 +393,13 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
 
     def launch(inputs: list[Any], outputs: list[Any], scratch: Any) -> None:
         if op == "cache_attention":
-            q, k, v, table, pos = (inputs[i].contiguous() for i in args)
+            q, k, v, table, pos = (inputs[i].contiguous() for i in args[:5])
             bs, t, ctx_blocks = k.shape[1], 0, table.shape[1]
         else:
-            q, k, v = (inputs[i].contiguous() for i in args)
+            q, k, v = (inputs[i].contiguous() for i in args[:3])
             table = pos = q  # never read: PAGED is off
             bs, t, ctx_blocks = 1, k.shape[1], 1
+        sinks = inputs[args[n_in]].contiguous() if has_sinks else q  # q: never read without SINKS
         out = outputs[0]
         batch, s = q.shape[0], q.shape[1]
         if batch == 0 or s == 0:
@@ -372,12 +407,13 @@ def build(spec: Any, config: dict[str, Any], traits: Any) -> Any:
         key = (s, t, ctx_blocks)
         if key not in cache:
             cache[key] = _constexprs(
-                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, traits, window, softcap
-            )
+                op, s, h, hkv, d, t, bs, ctx_blocks, scale, causal, dtype, config, traits, window, softcap,
+                chunk, has_sinks,
+            )  # fmt: skip
         consts = cache[key]
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         grid = (batch * h, triton.cdiv(s, consts["BLOCK_M"]))
-        _flash_attention_kernel[grid](q, k, v, table, pos, o, **consts, **options)
+        _flash_attention_kernel[grid](q, k, v, table, pos, o, sinks, **consts, **options)
         if o is not out:
             out.copy_(o)
 
@@ -394,6 +430,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
     hkv = k_t.shape[2]
     dtype = str(q_t.dtype)
     data = "*" + _TRITON_DTYPE[dtype]
+    n_in = 5 if node.op == "cache_attention" else 3  # then the optional sinks[H]
     if node.op == "cache_attention":
         table_t, pos_t = spec.types[node.inputs[3]], spec.types[node.inputs[4]]
         bs, t, ctx_blocks = k_t.shape[1], 0, table_t.shape[1]
@@ -422,7 +459,10 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         traits,
         int(attrs.get("window", 0) or 0),
         float(attrs.get("softcap", 0.0) or 0.0),
+        int(attrs.get("chunk", 0) or 0),
+        len(node.inputs) > n_in,
     )
+    sinks = "*" + _TRITON_DTYPE[str(spec.types[node.inputs[n_in]].dtype)] if len(node.inputs) > n_in else data
     signature = {
         "q_ptr": data,
         "k_ptr": data,
@@ -430,6 +470,7 @@ def compile_units(spec: Any, config: dict[str, Any], traits: Any) -> list[Any]:
         "table_ptr": table,
         "pos_ptr": pos,
         "out_ptr": data,
+        "sinks_ptr": sinks,
         **{name: "constexpr" for name in consts},
     }
     return [
