@@ -260,9 +260,17 @@ def _windowed_keys(s: int, window: int) -> int:
     return w * (w + 1) // 2 + (s - w) * w
 
 
+def _chunked_keys(s: int, chunk: int) -> int:
+    """Keys the s causal queries of positions 0..s-1 see in all under chunks of `chunk` positions."""
+    r = s % chunk
+    return (s // chunk) * chunk * (chunk + 1) // 2 + r * (r + 1) // 2
+
+
 def _cost_attention(ins, outs, attrs) -> Cost:
     (_, q), (_, k) = ins[0], ins[1]
     b, s, h, d = q
+    if attrs["chunk"]:  # causal (the verifier checks): query i sees i % chunk + 1 keys
+        return Cost(4.0 * b * h * _chunked_keys(s, attrs["chunk"]) * d, _io_bytes(ins, outs))
     if attrs["window"]:  # causal (the verifier checks): query i sees min(i + 1, window) keys
         return Cost(4.0 * b * h * _windowed_keys(s, attrs["window"]) * d, _io_bytes(ins, outs))
     flops = 4.0 * b * h * s * k[1] * d
@@ -295,10 +303,11 @@ def _cost_cache_attention(ins, outs, attrs) -> Cost:
     block = kc[1]
     ctx = table[1] * block
     seen, read = ctx, ctx  # keys each query sees; cache positions read per sequence
-    if attrs["window"]:
-        seen = min(ctx, attrs["window"])
-        # window + s - 1 positions, over whole blocks, one more where they straddle a block boundary
-        read = min(ctx, (-(-(attrs["window"] + s - 1) // block) + 1) * block)
+    span = attrs["window"] or attrs["chunk"]  # a query sees at most that many positions
+    if span:
+        seen = min(ctx, span)
+        # span + s - 1 positions, over whole blocks, one more where they straddle a block boundary
+        read = min(ctx, (-(-(span + s - 1) // block) + 1) * block)
     kv_bytes = 2.0 * b * read * kc[2] * kc[3] * kd.itemsize
     return Cost(4.0 * b * h * s * seen * d, kv_bytes + 2.0 * _nbytes(ins[0]) + _nbytes(ins[3]))
 
