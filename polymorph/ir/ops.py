@@ -104,6 +104,22 @@ def _infer_linear(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
     return [TensorType(x.dtype, (*x.shape[:-1], w.shape[0]))]
 
 
+def _infer_head_linear(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    x, w = ins
+    _float(x, "x")
+    _req(x.rank >= 2, f"x must be [*, heads, in], got {x}")
+    _req(w.rank == 3, f"weight must be [heads, out, in], got {w}")
+    _same_dim(x.shape[-2], w.shape[0], f"x {x} and weight {w} disagree on the heads")
+    _same_dim(x.shape[-1], w.shape[2], f"x {x} and weight {w} disagree on the inner dim")
+    return [TensorType(x.dtype, (*x.shape[:-1], w.shape[1]))]
+
+
+def _cost_head_linear(ins, outs, attrs) -> Cost:
+    (_, xs), (_, ws) = ins[0], ins[1]
+    h, n, k = ws
+    return Cost(2.0 * numel(xs[:-2]) * h * n * k, _io_bytes(ins, outs))
+
+
 def _cost_linear(ins, outs, attrs) -> Cost:
     (_, xs), (_, ws) = ins[0], ins[1]
     m = numel(xs[:-1])
@@ -555,6 +571,9 @@ OPS: dict[str, OpDef] = {
               doc="table[V, D], ids[*] -> [*, D]"),
         OpDef("linear", "projection", (2, 3), _infer_linear, _cost_linear,
               doc="x[*, K], w[N, K] (, bias[N]) -> [*, N]"),
+        OpDef("head_linear", "projection", (2, 2), _infer_head_linear, _cost_head_linear,
+              doc="x[*, H, K], w[H, N, K] -> [*, H, N]: each head its own projection (MLA's absorbed "
+                  "up-projections)"),
         OpDef("matmul", "projection", (2, 2), _infer_matmul, _cost_matmul,
               doc="a[*, M, K], b[*, K, N] -> [*, M, N]"),
         # --- normalization and position

@@ -48,6 +48,11 @@ def _linear(ins: list[Array], a: Mapping) -> list[Array]:
     return [y]
 
 
+def _head_linear(ins: list[Array], a: Mapping) -> list[Array]:
+    x, w = f32(ins[0]), f32(ins[1])
+    return [np.einsum("...hk,hnk->...hn", x, w)]
+
+
 def _matmul(ins: list[Array], a: Mapping) -> list[Array]:
     return [f32(ins[0]) @ f32(ins[1])]
 
@@ -423,6 +428,7 @@ def _cast(ins: list[Array], a: Mapping) -> list[Array]:
 REFERENCE: dict[str, RefFn] = {
     "embedding": _embedding,
     "linear": _linear,
+    "head_linear": _head_linear,
     "matmul": _matmul,
     "rmsnorm": _rmsnorm,
     "layernorm": _layernorm,
@@ -501,7 +507,7 @@ def bind_leaf_shapes(graph: Graph, leaves: Mapping[str, tuple[DType, tuple[int, 
 
 # Ops whose reference computes in float32 whatever its operands' dtype: they may take a weight's
 # float32 copy (`run(..., wide=)`) and give the same result without converting it on every call.
-WIDE_OPS = frozenset({"linear", "matmul", "moe_ffn"})
+WIDE_OPS = frozenset({"linear", "head_linear", "matmul", "moe_ffn"})
 
 
 def run(

@@ -13,7 +13,10 @@ bias, grouped top-k, routed scaling, shared experts, first dense layers, partial
 gpt-oss ("gpt_oss": attention sinks, alternating sliding and full layers, biases on every projection and
 expert, its clamped SwiGLU, a router bias) and Llama 4 ("llama4_text": chunked attention, layers without
 rope with an attention temperature, an L2 norm of q and k on the others, interleaved rope, dense and MoE
-layers interleaved, a shared expert, sigmoid top-k routing that weighs each expert's input). Rope types
+layers interleaved, a shared expert, sigmoid top-k routing that weighs each expert's input);
+DeepSeek-V3 and Kimi-K2 ("deepseek_v3": multi-head latent attention over a paged latent cache, decoded
+in latent space with the absorbed up-projections, interleaved rope, yarn's attention scale, and
+GLM-4.5's MoE). Rope types
 default, linear, dynamic, yarn, longrope and llama3; activations silu, gelu and gelu-tanh.
 
 Both forms that transformers writes are read: the transformers-4 form (`rope_theta` + `rope_scaling`,
@@ -44,7 +47,7 @@ from polymorph.errors import UserError
 
 ModelType = Literal[
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3",
 ]  # fmt: skip
 RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3"]
 Activation = Literal["silu", "gelu", "gelu_tanh"]
@@ -52,10 +55,10 @@ RouterStyle = Literal["topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigm
 
 MODEL_TYPES: tuple[ModelType, ...] = (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3",
 )  # fmt: skip
 MOE_TYPES: tuple[ModelType, ...] = (
-    "mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text"
+    "mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3"
 )  # fmt: skip
 # q/k RMSNorm over each head (Qwen3, Gemma 3; GLM-4.5 with use_qk_norm) or over the whole projection
 # before it is split into heads (OLMoE, MiniMax-M2)
@@ -114,6 +117,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama4_text": {"rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 500000.0,
                     "head_dim": 128, "attention_chunk_size": 8192, "floor_scale": 8192, "attn_scale": 0.1,
                     "no_rope_layer_interval": 4, "interleave_moe_layer_step": 1},
+    # transformers 5.24's DeepseekV3Config
+    "deepseek_v3": {"rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+                    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+                    "first_k_dense_replace": 3, "n_shared_experts": 1, "kv_lora_rank": 512,
+                    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128},
 }  # fmt: skip
 _ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
@@ -131,6 +139,7 @@ _ARCHITECTURES: dict[str, str] = {
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -272,6 +281,11 @@ class ModelConfig:
     attention_chunk: int = 0
     nope_layers: tuple[int, ...] = field(default=())
     attn_temperature: tuple[float, float] | None = None
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
     hidden_act: Activation = "silu"
     layer_types: tuple[str, ...] = field(default=())
     sliding_window: int | None = None
@@ -335,6 +349,12 @@ class ModelConfig:
             return 0
         return self.attention_chunk
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V3): `head_dim` is the q/k head (nope + rope part),
+        the cache holds kv_lora_rank + qk_rope_head_dim per token, values are v_head_dim wide."""
+        return self.kv_lora_rank > 0
+
     def layer_uses_rope(self, layer: int) -> bool:
         return layer not in self.nope_layers
 
@@ -394,7 +414,11 @@ class ModelConfig:
         max_positions = r.int_("max_position_embeddings", defaults["max_position_embeddings"])
         _refuse_unimplemented(d, source, kind, head_dim)
         layer_types, window = _parse_windows(r, kind, layers)
-        rope, rope_local = _parse_ropes(d, source, kind, max_positions, head_dim)
+        mla = _parse_mla(r) if kind == "deepseek_v3" else {}
+        if mla:  # the q/k head is the nope and rope parts; rope turns the rope part only
+            head_dim = r.int_("qk_nope_head_dim", defaults["qk_nope_head_dim"]) + mla["qk_rope_head_dim"]
+        rope_dim = mla.get("qk_rope_head_dim", head_dim)
+        rope, rope_local = _parse_ropes(d, source, kind, max_positions, rope_dim)
 
         fields: dict[str, Any] = {
             "model_type": kind,
@@ -436,6 +460,9 @@ class ModelConfig:
                 logits_scaling=_positive(r, "logits_scaling", defaults),
             )
 
+        fields.update(mla)
+        if mla:
+            fields["attention_scale"] = _mla_scale(d, head_dim, rope)
         if kind in MOE_TYPES:
             fields.update(_parse_moe(r, kind, layers))
         if kind == "llama4_text":
@@ -519,6 +546,14 @@ class ModelConfig:
             attn += q_width + 2 * kv_width
         if self.o_bias:
             attn += h
+        if self.is_mla:  # q (low rank or not), kv_a (latent + shared rope key), kv_b, o, two norms
+            r, q_rank, nh = self.kv_lora_rank, self.q_lora_rank, self.num_attention_heads
+            q = h * q_rank + q_rank + q_rank * q_width if q_rank else h * q_width
+            nope = self.head_dim - self.qk_rope_head_dim
+            attn = q + h * (r + self.qk_rope_head_dim) + r + r * nh * (nope + self.v_head_dim)
+            attn += nh * self.v_head_dim * h
+            if self.attention_bias:
+                attn += (q_rank if q_rank else 0) + r + self.qk_rope_head_dim + h
         if self.qk_norm:
             attn += 2 * self.head_dim
         if self.qk_norm_full:
@@ -653,27 +688,61 @@ def _parse_llama4(r: _Reader, layers: int) -> dict[str, Any]:
     }
 
 
+def _parse_mla(r: _Reader) -> dict[str, Any]:
+    """DeepSeek-V3's latent attention sizes (DeepseekV3Config; q_lora_rank null: a plain q_proj)."""
+    defaults = _DEFAULTS["deepseek_v3"]
+    q_rank = r.d.get("q_lora_rank", defaults["q_lora_rank"])
+    if q_rank is not None and (isinstance(q_rank, bool) or not isinstance(q_rank, int) or q_rank <= 0):
+        raise r._bad("q_lora_rank", q_rank, "a positive integer or null")
+    return {
+        "kv_lora_rank": r.int_("kv_lora_rank", defaults["kv_lora_rank"]),
+        "q_lora_rank": q_rank or 0,
+        "qk_rope_head_dim": r.int_("qk_rope_head_dim", defaults["qk_rope_head_dim"]),
+        "v_head_dim": r.int_("v_head_dim", defaults["v_head_dim"]),
+        "rope_interleave": r.bool_("rope_interleave", True),
+    }
+
+
+def _mla_scale(d: dict[str, Any], head_dim: int, rope: RopeConfig) -> float:
+    """DeepseekV3Attention's scaling: head_dim ** -0.5, times mscale(factor, mscale_all_dim) squared
+    under a scaled rope (yarn_apply_mscale)."""
+    scale = head_dim**-0.5
+    params = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    all_dim = params.get("mscale_all_dim") or 0
+    if rope.rope_type != "default" and all_dim and rope.factor and rope.factor > 1:
+        m = 0.1 * all_dim * math.log(rope.factor) + 1.0
+        scale *= m * m
+    return scale
+
+
 def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
     """The MoE keys of `c`'s config.json (the inverse of `_parse_moe`)."""
     kind = c.model_type
     d: dict[str, Any] = {"num_experts_per_tok": c.num_experts_per_tok}
-    d["n_routed_experts" if kind == "glm4_moe" else "num_experts" if kind in ("qwen3_moe", "olmoe")
+    d["n_routed_experts" if kind in _GLM_MOE else "num_experts" if kind in ("qwen3_moe", "olmoe")
       else "num_local_experts"] = c.num_experts  # fmt: skip
-    if kind in ("qwen3_moe", "olmoe", "glm4_moe"):
+    if kind in ("qwen3_moe", "olmoe", *_GLM_MOE):
         d["norm_topk_prob"] = c.norm_topk_prob
-    if kind in ("qwen3_moe", "glm4_moe"):
+    if kind in ("qwen3_moe", *_GLM_MOE):
         d["moe_intermediate_size"] = c.moe_intermediate_size
     if kind == "qwen3_moe":
         d.update(decoder_sparse_step=1, mlp_only_layers=list(c.dense_layers))
-    elif kind == "glm4_moe":
+    elif kind in _GLM_MOE:
         first = len(c.dense_layers)
         assert c.dense_layers == tuple(range(first)), c.dense_layers
         assert c.moe_intermediate_size and c.shared_expert_size % c.moe_intermediate_size == 0
         d.update(
             first_k_dense_replace=first, n_group=c.router_groups, topk_group=c.router_topk_groups,
             routed_scaling_factor=c.routed_scaling, n_shared_experts=c.shared_expert_size // c.moe_intermediate_size,
-            use_qk_norm=c.use_qk_norm,
         )  # fmt: skip
+        if kind == "glm4_moe":
+            d["use_qk_norm"] = c.use_qk_norm
+        else:
+            d.update(
+                kv_lora_rank=c.kv_lora_rank, q_lora_rank=c.q_lora_rank or None, v_head_dim=c.v_head_dim,
+                qk_rope_head_dim=c.qk_rope_head_dim, qk_nope_head_dim=c.head_dim - c.qk_rope_head_dim,
+                rope_interleave=c.rope_interleave, head_dim=c.qk_rope_head_dim,
+            )  # fmt: skip
     elif kind == "gpt_oss":
         d.update(swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
     elif kind == "llama4_text":
@@ -690,10 +759,14 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
     return d
 
 
+# GLM-4.5's MoE, which DeepSeek-V3 shares (its keys, router and shared experts)
+_GLM_MOE = ("glm4_moe", "deepseek_v3")
+
+
 def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
     """The MoE fields of `kind`, read as its transformers class reads them."""
     d, source, defaults = r.d, r.source, _DEFAULTS[kind]
-    experts_key = ("n_routed_experts",) if kind == "glm4_moe" else ("num_local_experts", "num_experts")
+    experts_key = ("n_routed_experts",) if kind in _GLM_MOE else ("num_local_experts", "num_experts")
     f: dict[str, Any] = {
         "num_experts": r.int_(experts_key),
         "num_experts_per_tok": r.int_("num_experts_per_tok"),
@@ -711,9 +784,9 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
     else:  # glm4_moe, minimax_m2
         f.update(router="sigmoid_topk", selection_bias=True)
         f["norm_topk_prob"] = (
-            r.bool_("norm_topk_prob", defaults["norm_topk_prob"]) if kind == "glm4_moe" else True
+            r.bool_("norm_topk_prob", defaults["norm_topk_prob"]) if kind in _GLM_MOE else True
         )
-    if kind in ("qwen3_moe", "glm4_moe"):
+    if kind in ("qwen3_moe", *_GLM_MOE):
         f["moe_intermediate_size"] = r.int_("moe_intermediate_size")
     if kind == "qwen3_moe":
         # Qwen3MoeDecoderLayer: experts where the layer is not in mlp_only_layers and
@@ -725,7 +798,7 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
         ):
             raise r._bad("mlp_only_layers", only, "a list of layer indices")
         f["dense_layers"] = tuple(i for i in range(layers) if i in only or (i + 1) % step)
-    elif kind == "glm4_moe":
+    elif kind in _GLM_MOE:
         first = d.get("first_k_dense_replace", defaults["first_k_dense_replace"])
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
             raise r._bad("first_k_dense_replace", first, "a non-negative integer")
@@ -745,7 +818,7 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
             router_topk_groups=chosen,
             routed_scaling=_positive(r, "routed_scaling_factor", defaults),
             shared_expert_size=f["moe_intermediate_size"] * (shared or 0),
-            use_qk_norm=r.bool_("use_qk_norm", False),
+            use_qk_norm=r.bool_("use_qk_norm", False) if kind == "glm4_moe" else False,
         )
     elif kind == "llama4_text":
         # Llama4TextConfig: moe_layers, else every interleave_moe_layer_step-th layer from step - 1;
@@ -838,7 +911,7 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
     window = d.get("sliding_window", _DEFAULTS[kind].get("sliding_window"))
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise r._bad("sliding_window", window, "a positive integer or null")
-    if kind in ("llama", "granite", "olmoe", "glm4_moe", "minimax_m2"):
+    if kind in ("llama", "granite", "olmoe", "glm4_moe", "minimax_m2", "deepseek_v3"):
         if window is not None:
             raise UserError(
                 f"{source}: sliding_window={window!r} asks for sliding-window attention, which {kind} does "
@@ -1084,7 +1157,8 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
 
 # Families whose transformers classes read `attention_bias` (bias on q, k, v and o).
 _ATTENTION_BIAS = (
-    "llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text", "olmoe", "glm4_moe", "gpt_oss", "llama4_text"
+    "llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text", "olmoe", "glm4_moe", "gpt_oss", "llama4_text",
+    "deepseek_v3",
 )  # fmt: skip
 
 

@@ -91,6 +91,8 @@ def build_decoder(
     }
     if cfg.is_gemma:  # the checkpoint stores w of x / rms(x) * (1 + w): the loader adds the 1
         meta["norm_weight_offset"] = 1.0
+    if cfg.is_mla and cfg.rope_interleave:  # the same reordering of the rope rows (weights.py)
+        meta.update(mla_rope_interleaved=True, head_dim=cfg.head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim)
     if cfg.model_type == "llama4_text":
         # Llama 4 rotates pairs of adjacent dims (complex rope); the rope op rotates halves. The loader
         # reorders each head's q and k projection rows (even dims, then odd) on these layers, which
@@ -144,8 +146,9 @@ def build_decoder(
         mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
         assert e is not None and f is not None
         router = f"{mp}.{router_name(cfg)}"
-        if cfg.model_type == "glm4_moe" and dtype != DType.F32:
-            # Glm4MoeTopkRouter keeps its weight in f32 and projects the f32 activations
+        if cfg.model_type in ("glm4_moe", "deepseek_v3") and dtype != DType.F32:
+            # Glm4MoeTopkRouter and DeepseekV3TopkRouter keep their weight in f32 and project the f32
+            # activations
             h32 = g.op("cast", f"{n}.moe.router_in", h, dtype="f32")
             logits = g.op("linear", f"{n}.moe.router", h32, g.param(f"{router}.weight", DType.F32, (e, d)))
         else:
@@ -182,6 +185,47 @@ def build_decoder(
             )
         return g.op("moe_ffn", f"{n}.moe.experts", h, w, idx, *experts, **expert_attrs)
 
+    def mla(n: str, p: str, i: int, h: str) -> str:
+        """DeepSeek-V3's multi-head latent attention, decoded in latent space: the cache holds per token
+        the normalized KV latent (kv_lora_rank) and the roped shared key part (qk_rope_head_dim); each
+        head's query is its nope part taken into latent space by the absorbed key up-projection (w_uk)
+        next to its roped part, attends over the cache as one KV head (values: the latent part), and
+        the value up-projection (w_uv) brings the output back per head."""
+        r, rope_d, vd = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim
+        nope = hd - rope_d
+        bias = cfg.attention_bias
+        if cfg.q_lora_rank:
+            cq = linear(f"{n}.attn.q_a", h, f"{p}.self_attn.q_a_proj", cfg.q_lora_rank, d, bias)
+            cq = norm(f"{n}.attn.q_a_norm", cq, f"{p}.self_attn.q_a_layernorm", cfg.q_lora_rank)
+            q = linear(f"{n}.attn.q", cq, f"{p}.self_attn.q_b_proj", nh * hd, cfg.q_lora_rank, False)
+        else:
+            q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, False)
+        q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))
+        q_nope = g.op("slice", f"{n}.attn.q_nope", q, axis=-1, start=0, end=nope)
+        q_pe = g.op("slice", f"{n}.attn.q_pe", q, axis=-1, start=nope, end=None)
+        q_pe = g.op("rope", f"{n}.attn.q_rope", q_pe, positions, **cfg.layer_rope(i).op_attrs())
+        w_uk = g.param(f"{p}.self_attn.w_uk", dtype, (nh, r, nope))
+        q_lat = g.op("head_linear", f"{n}.attn.q_absorb", q_nope, w_uk)  # [B, S, H, r]
+        q_all = g.op("concat", f"{n}.attn.q_latent", q_lat, q_pe, axis=-1)  # [B, S, H, r + rope]
+        kv = linear(f"{n}.attn.kv_a", h, f"{p}.self_attn.kv_a_proj_with_mqa", r + rope_d, d, bias)
+        c = g.op("slice", f"{n}.attn.kv_latent", kv, axis=-1, start=0, end=r)
+        c = norm(f"{n}.attn.kv_a_norm", c, f"{p}.self_attn.kv_a_layernorm", r)
+        c = g.op("reshape", f"{n}.attn.kv_latent_head", c, shape=("batch", "seq", 1, r))
+        k_pe = g.op("slice", f"{n}.attn.k_pe", kv, axis=-1, start=r, end=None)
+        k_pe = g.op("reshape", f"{n}.attn.k_pe_head", k_pe, shape=("batch", "seq", 1, rope_d))
+        k_pe = g.op("rope", f"{n}.attn.k_rope", k_pe, positions, **cfg.layer_rope(i).op_attrs())
+        entry = g.op("concat", f"{n}.attn.latent_entry", c, k_pe, axis=-1)  # [B, S, 1, r + rope]
+        name = f"layers.{i}.latent_cache"
+        cache = g.state(name, dtype, ("cache_blocks", block_size, 1, r + rope_d))
+        cache = g.op("kv_write", f"{n}.attn.latent_write", cache, entry, table, positions)
+        g.update(name, cache)
+        a = g.op("cache_attention", f"{n}.attn.sdpa", q_all, cache, cache, table, positions, scale=cfg.scale)
+        a = g.op("slice", f"{n}.attn.out_latent", a, axis=-1, start=0, end=r)  # [B, S, H, r]
+        w_uv = g.param(f"{p}.self_attn.w_uv", dtype, (nh, vd, r))
+        a = g.op("head_linear", f"{n}.attn.v_absorb", a, w_uv)  # [B, S, H, v]
+        a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * vd))
+        return linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * vd, bias)
+
     # Gemma: input_layernorm, post_attention_layernorm (on the attention's output), then
     # pre_feedforward_layernorm and post_feedforward_layernorm around the MLP; the others normalize the
     # MLP's input with post_attention_layernorm.
@@ -191,47 +235,50 @@ def build_decoder(
         rope = cfg.layer_rope(i).op_attrs()
         # --- attention
         h = norm(f"{n}.attn.norm", x, f"{p}.input_layernorm", d)
-        qkv_bias = cfg.qkv_bias
-        q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, qkv_bias)
-        k = linear(f"{n}.attn.k", h, f"{p}.self_attn.k_proj", nkv * hd, d, qkv_bias)
-        v = linear(f"{n}.attn.v", h, f"{p}.self_attn.v_proj", nkv * hd, d, qkv_bias)
-        if cfg.qk_norm_full:  # RMSNorm over the whole q and k projections (OLMoE, MiniMax-M2)
-            q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", nh * hd)
-            k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", nkv * hd)
-        q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))  # [B, S, H, Dh]
-        k = g.op("reshape", f"{n}.attn.k_heads", k, shape=("batch", "seq", nkv, hd))
-        v = g.op("reshape", f"{n}.attn.v_heads", v, shape=("batch", "seq", nkv, hd))
-        if cfg.qk_norm:  # per-head RMSNorm of q and k before rope (Qwen3, Gemma 3)
-            q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", hd)
-            k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", hd)
-        if cfg.layer_uses_rope(i):
-            if cfg.qk_l2_norm:  # Llama 4 normalizes after rope; a rotation keeps the norm: same result
-                unit = g.param(l2_norm_name(i), dtype, (hd,))
-                q = g.op("rmsnorm", f"{n}.attn.q_norm", q, unit, eps=eps)
-                k = g.op("rmsnorm", f"{n}.attn.k_norm", k, unit, eps=eps)
-            q = g.op("rope", f"{n}.attn.q_rope", q, positions, **rope)
-            k = g.op("rope", f"{n}.attn.k_rope", k, positions, **rope)
-        elif cfg.attn_temperature is not None:  # Llama 4's layers without rope
-            floor_scale, temperature = cfg.attn_temperature
-            q = g.op("attn_temperature", f"{n}.attn.q_temperature", q, positions, floor_scale=floor_scale,
-                     scale=temperature)  # fmt: skip
-        kc = g.state(f"layers.{i}.k_cache", dtype, ("cache_blocks", block_size, nkv, hd))
-        vc = g.state(f"layers.{i}.v_cache", dtype, ("cache_blocks", block_size, nkv, hd))
-        kc = g.op("kv_write", f"{n}.attn.k_write", kc, k, table, positions)
-        vc = g.op("kv_write", f"{n}.attn.v_write", vc, v, table, positions)
-        g.update(f"layers.{i}.k_cache", kc)
-        g.update(f"layers.{i}.v_cache", vc)
-        attn_attrs: dict[str, object] = {"scale": cfg.scale}
-        if cfg.layer_window(i):
-            attn_attrs["window"] = cfg.layer_window(i)
-        if cfg.attn_softcap:
-            attn_attrs["softcap"] = cfg.attn_softcap
-        if cfg.layer_chunk(i):
-            attn_attrs["chunk"] = cfg.layer_chunk(i)
-        sinks = (g.param(f"{p}.self_attn.sinks", dtype, (nh,)),) if cfg.attention_sinks else ()
-        a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, *sinks, **attn_attrs)
-        a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * hd))
-        o = linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * hd, cfg.o_bias)
+        if cfg.is_mla:
+            o = mla(n, p, i, h)
+        else:
+            qkv_bias = cfg.qkv_bias
+            q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, qkv_bias)
+            k = linear(f"{n}.attn.k", h, f"{p}.self_attn.k_proj", nkv * hd, d, qkv_bias)
+            v = linear(f"{n}.attn.v", h, f"{p}.self_attn.v_proj", nkv * hd, d, qkv_bias)
+            if cfg.qk_norm_full:  # RMSNorm over the whole q and k projections (OLMoE, MiniMax-M2)
+                q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", nh * hd)
+                k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", nkv * hd)
+            q = g.op("reshape", f"{n}.attn.q_heads", q, shape=("batch", "seq", nh, hd))  # [B, S, H, Dh]
+            k = g.op("reshape", f"{n}.attn.k_heads", k, shape=("batch", "seq", nkv, hd))
+            v = g.op("reshape", f"{n}.attn.v_heads", v, shape=("batch", "seq", nkv, hd))
+            if cfg.qk_norm:  # per-head RMSNorm of q and k before rope (Qwen3, Gemma 3)
+                q = norm(f"{n}.attn.q_norm", q, f"{p}.self_attn.q_norm", hd)
+                k = norm(f"{n}.attn.k_norm", k, f"{p}.self_attn.k_norm", hd)
+            if cfg.layer_uses_rope(i):
+                if cfg.qk_l2_norm:  # Llama 4 normalizes after rope; a rotation keeps the norm: same result
+                    unit = g.param(l2_norm_name(i), dtype, (hd,))
+                    q = g.op("rmsnorm", f"{n}.attn.q_norm", q, unit, eps=eps)
+                    k = g.op("rmsnorm", f"{n}.attn.k_norm", k, unit, eps=eps)
+                q = g.op("rope", f"{n}.attn.q_rope", q, positions, **rope)
+                k = g.op("rope", f"{n}.attn.k_rope", k, positions, **rope)
+            elif cfg.attn_temperature is not None:  # Llama 4's layers without rope
+                floor_scale, temperature = cfg.attn_temperature
+                q = g.op("attn_temperature", f"{n}.attn.q_temperature", q, positions, floor_scale=floor_scale,
+                         scale=temperature)  # fmt: skip
+            kc = g.state(f"layers.{i}.k_cache", dtype, ("cache_blocks", block_size, nkv, hd))
+            vc = g.state(f"layers.{i}.v_cache", dtype, ("cache_blocks", block_size, nkv, hd))
+            kc = g.op("kv_write", f"{n}.attn.k_write", kc, k, table, positions)
+            vc = g.op("kv_write", f"{n}.attn.v_write", vc, v, table, positions)
+            g.update(f"layers.{i}.k_cache", kc)
+            g.update(f"layers.{i}.v_cache", vc)
+            attn_attrs: dict[str, object] = {"scale": cfg.scale}
+            if cfg.layer_window(i):
+                attn_attrs["window"] = cfg.layer_window(i)
+            if cfg.attn_softcap:
+                attn_attrs["softcap"] = cfg.attn_softcap
+            if cfg.layer_chunk(i):
+                attn_attrs["chunk"] = cfg.layer_chunk(i)
+            sinks = (g.param(f"{p}.self_attn.sinks", dtype, (nh,)),) if cfg.attention_sinks else ()
+            a = g.op("cache_attention", f"{n}.attn.sdpa", q, kc, vc, table, positions, *sinks, **attn_attrs)
+            a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * hd))
+            o = linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * hd, cfg.o_bias)
         if cfg.is_gemma:
             o = norm(f"{n}.attn.post_norm", o, f"{p}.post_attention_layernorm", d)
         x = residual(f"{n}.attn.residual", x, o)

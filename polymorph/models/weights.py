@@ -82,7 +82,7 @@ def checkpoint_weights(
     offset = float(graph.meta.get("norm_weight_offset", 0.0))
     out: dict[str, np.ndarray] = {}
     for name, t in graph.params.items():
-        arr = _rope_halves(name, _find(name, tensors, graph, source), graph)
+        arr = _mla_rope_halves(name, _rope_halves(name, _find(name, tensors, graph, source), graph), graph)
         shape = concrete(t.shape)
         if tuple(arr.shape) != shape:
             raise UserError(
@@ -204,6 +204,9 @@ def _find(name: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: st
         )
     if name.endswith(".self_attn.qk_norm.weight") and graph.meta.get("model_type") == "llama4_text":
         return np.ones(concrete(graph.params[name].shape), dtype=np.float32)  # L2 norm: no weight stored
+    m = _ABSORBED.match(name)
+    if m:
+        return _absorbed(m["prefix"], m["which"], tensors, graph, source)
     m = _FUSED.match(name)
     if m:
         return _split_fused(name, m["prefix"], m["proj"], tensors, graph, source)
@@ -266,6 +269,53 @@ def _llama4_experts(prefix: str, proj: str, tensors: Mapping[str, np.ndarray], s
         half = arr.shape[-1] // 2
         arr = arr[..., :half] if proj == "gate" else arr[..., half:]
     return np.swapaxes(arr, 1, 2)
+
+
+_ABSORBED = re.compile(r"^(?P<prefix>model\.layers\.\d+\.self_attn)\.w_(?P<which>uk|uv)$")
+
+
+def _absorbed(
+    prefix: str, which: str, tensors: Mapping[str, np.ndarray], graph: Graph, source: str
+) -> np.ndarray:
+    """MLA's per-head up-projections from `kv_b_proj.weight` [H * (nope + v), r] (DeepseekV3Attention:
+    each head's rows are its key's nope part, then its value): w_uk [H, r, nope] (the key rows, transposed:
+    it takes a query's nope part into latent space), w_uv [H, v, r] (the value rows)."""
+    fused = f"{prefix}.kv_b_proj.weight"
+    if fused not in tensors:
+        raise UserError(f"{source}: the checkpoint has no tensor `{fused}`; is it a DeepSeek-V3 checkpoint?")
+    uk, uv = graph.params[f"{prefix}.w_uk"].shape, graph.params[f"{prefix}.w_uv"].shape
+    heads, rank, nope, v = int(uk[0]), int(uk[1]), int(uk[2]), int(uv[1])
+    arr = tensors[fused]
+    if tuple(arr.shape) != (heads * (nope + v), rank):
+        raise UserError(
+            f"{source}: `{fused}` has shape {list(arr.shape)}, the model expects {[heads * (nope + v), rank]}"
+        )
+    per_head = arr.reshape(heads, nope + v, rank)
+    return np.swapaxes(per_head[:, :nope], 1, 2) if which == "uk" else per_head[:, nope:]
+
+
+_MLA_ROPE_ROWS = re.compile(
+    r"^model\.layers\.\d+\.self_attn\.(?P<proj>q_proj|q_b_proj|kv_a_proj_with_mqa)\.weight$"
+)
+
+
+def _mla_rope_halves(name: str, arr: np.ndarray, graph: Graph) -> np.ndarray:
+    """DeepSeek-V3 with rope_interleave: the rope part's rows reordered from adjacent pairs to halves (even
+    dims, then odd), per head of q (its last qk_rope_head_dim rows) and in the shared key (the last rows of
+    kv_a_proj_with_mqa): the rope op then rotates them as the checkpoint's interleaved rope does."""
+    m = _MLA_ROPE_ROWS.match(name)
+    if m is None or not graph.meta.get("mla_rope_interleaved"):
+        return arr
+    rope = int(graph.meta["qk_rope_head_dim"])
+    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    out = np.array(arr)
+    if m["proj"] == "kv_a_proj_with_mqa":
+        out[-rope:] = arr[-rope:][order]
+        return out
+    hd = int(graph.meta["head_dim"])
+    heads = out.reshape(-1, hd, arr.shape[-1])
+    heads[:, hd - rope :] = heads[:, hd - rope :][:, order]
+    return heads.reshape(arr.shape)
 
 
 _QK_PROJ = re.compile(r"^model\.layers\.(?P<layer>\d+)\.self_attn\.[qk]_proj\.(weight|bias)$")

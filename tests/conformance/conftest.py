@@ -356,6 +356,10 @@ def _entries() -> list[OpInfo]:
     add(OpInfo("linear.bias", "linear",
                lambda d: one_node("linear", {"x": inp(d, "batch", 3), "w": par(d, 16, 3), "b": par(d, 16)}),
                leaf_samples(ROWS)))
+    # MLA's absorbed up-projections: 3 heads, each its own [N, K]
+    add(OpInfo("head_linear", "head_linear",
+               lambda d: one_node("head_linear", {"x": inp(d, "batch", "seq", 3, 16), "w": par(d, 3, 12, 16)}),
+               leaf_samples(BATCH_SEQ, scale={"w": 0.25})))
     add(OpInfo("matmul", "matmul",
                lambda d: one_node("matmul", {"a": inp(d, "batch", 3, 16), "b": inp(d, "batch", 16, 7)}),
                leaf_samples(ROWS, wide=["a"], scale={"b": 0.25})))

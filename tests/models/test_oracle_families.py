@@ -148,6 +148,20 @@ MOE_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
         **{**BASE, "num_hidden_layers": 4}, **MOE_SHAPE, intermediate_size=24, intermediate_size_mlp=80,
         num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=5,
         floor_scale=4, attn_scale=0.3), transformers.Llama4ForCausalLM),
+    # issue 17: latent attention (q low rank or not), yarn with its attention scale, GLM-4.5's MoE
+    "deepseek-v3": lambda: (transformers.DeepseekV3Config(
+        **{**BASE, "num_hidden_layers": 3}, intermediate_size=80, moe_intermediate_size=24,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        kv_lora_rank=24, q_lora_rank=20, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 64}),
+        transformers.DeepseekV3ForCausalLM),
+    "deepseek-v3-plain-q": lambda: (transformers.DeepseekV3Config(
+        **BASE, intermediate_size=80, moe_intermediate_size=24, num_attention_heads=4, num_key_value_heads=4,
+        n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=16,
+        qk_nope_head_dim=8), transformers.DeepseekV3ForCausalLM),
 }  # fmt: skip
 FAMILIES.update(MOE_FAMILIES)
 # the config.json rewritten in the transformers-4 form after saving (rope_theta + rope_scaling, and
