@@ -311,6 +311,57 @@ def _infer_cache_attention(ins: list[TensorType], attrs: Mapping) -> list[Tensor
     return [q]
 
 
+def _check_paged(q: TensorType, cache: TensorType, table: TensorType, pos: TensorType, what: str) -> None:
+    _req(cache.rank == 4, f"{what} must be [cache_blocks, block_size, kv_heads, dim], got {cache}")
+    _int(table, "block_table")
+    _int(pos, "positions")
+    _req(
+        table.rank == 2 and table.shape[0] == q.shape[0], f"block_table must be [batch, blocks], got {table}"
+    )
+    _req(pos.shape == q.shape[:2], f"positions must be {format_shape(q.shape[:2])}, got {pos}")
+
+
+def _infer_indexer_topk(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    q, kc, w, table, pos = ins
+    _float(q, "q")
+    _req(q.rank == 4, f"q must be [batch, seq, heads, dim], got {q}")
+    _check_paged(q, kc, table, pos, "the indexer cache")
+    _req(kc.shape[2] == 1, f"the indexer cache has one head, got {kc}")
+    _same_dim(kc.shape[3], q.shape[3], "indexer q and cache dims")
+    _float(w, "indexer weights")
+    _req(w.shape == q.shape[:3], f"indexer weights must be {format_shape(q.shape[:3])}, got {w}")
+    _req(attrs["k"] >= 1, f"k must be >= 1, got {attrs['k']}")
+    return [TensorType(DType.I32, (*q.shape[:2], attrs["k"]))]
+
+
+def _cost_indexer_topk(ins, outs, attrs) -> Cost:
+    (_, q), (kd, kc), (_, table) = ins[0], ins[1], ins[3]
+    b, s, h, d = q
+    ctx = table[1] * kc[1]
+    return Cost(2.0 * b * s * h * ctx * d + 4.0 * b * s * ctx, b * ctx * d * kd.itemsize + _nbytes(ins[0]))
+
+
+def _infer_index_attention(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    q, kc, vc, table, pos, selected = ins
+    _float(q, "q")
+    _check_paged(q, kc, table, pos, "k_cache")
+    _req(kc.shape[:3] == vc.shape[:3], f"k_cache {kc} and v_cache {vc} differ")
+    _check_gqa(q, kc.shape[2], kc.shape[3])
+    _int(selected, "selected positions")
+    _req(
+        selected.rank == 3 and selected.shape[:2] == q.shape[:2],
+        f"selected must be [batch, seq, k], got {selected}",
+    )
+    return [TensorType(q.dtype, (*q.shape[:3], vc.shape[3]))]
+
+
+def _cost_index_attention(ins, outs, attrs) -> Cost:
+    (_, q), (kd, kc), (_, vc), (_, sel) = ins[0], ins[1], ins[2], ins[5]
+    b, s, h, d = q
+    k = sel[2]
+    return Cost(2.0 * b * h * s * k * (d + vc[3]), b * s * k * (kc[3] + vc[3]) * kc[2] * kd.itemsize)
+
+
 def _cost_cache_attention(ins, outs, attrs) -> Cost:
     # Upper bound: every sequence attends over its whole block table, or under a window over the
     # blocks the window of its s queries covers (a kernel skips the blocks wholly outside it).
@@ -602,6 +653,15 @@ OPS: dict[str, OpDef] = {
               doc="q[B, S, H, Dh] over the paged cache (, sinks[H]); token (b, s) at p = positions[b, s] "
                   "sees positions k <= p, and k > p - window under a window, k // chunk == p // chunk "
                   "under a chunk"),
+        OpDef("indexer_topk", "attention", (5, 5), _infer_indexer_topk, _cost_indexer_topk,
+              {"k": AttrSpec("int", required=True), "scale": AttrSpec("float", required=True)},
+              doc="q[B, S, H, D], cache[blocks, bs, 1, D], weights[B, S, H], block_table, positions -> the "
+                  "positions t <= p of the k best sum_h weights * relu(scale q.k_t), i32 [B, S, k], best "
+                  "first, ties to the lower position, -1 past the visible ones (DeepSeek-V3.2's indexer)"),
+        OpDef("index_attention", "attention", (6, 6), _infer_index_attention, _cost_index_attention,
+              {"scale": AttrSpec("float", required=True)},
+              doc="q[B, S, H, Dk] over the paged k/v caches, each query seeing only the positions of its row "
+                  "of selected[B, S, k] (-1: none) -> [B, S, H, Dv] (DeepSeek-V3.2's sparse attention)"),
         # --- elementwise
         OpDef("silu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(4.0)),
         OpDef("gelu", "elementwise", (1, 1), _infer_unary, _cost_elementwise(8.0),

@@ -231,7 +231,7 @@ def _attend(
     # included): it must not reach the output (its scores are already masked to -inf).
     v = np.where(visible.any(axis=1)[:, :, None, None], v, np.float32(0))
     out = np.einsum("bgrst,btgd->bsgrd", p, v)
-    return out.reshape(b, s, h, d)
+    return out.reshape(b, s, h, -1)  # v may be narrower than q and k
 
 
 def _attention(ins: list[Array], a: Mapping) -> list[Array]:
@@ -261,6 +261,42 @@ def _cache_attention(ins: list[Array], a: Mapping) -> list[Array]:
         visible &= t[None, None, :] // a["chunk"] == pos[:, :, None] // a["chunk"]
     sinks = ins[5] if len(ins) > 5 else None
     return [_attend(f32(q), k, v, visible, a["scale"], a["softcap"], sinks)]
+
+
+def paged_keys(cache: Array, table: Array) -> Array:
+    """A paged cache's entries per sequence in position order: [B, blocks * bs, heads, dim] f32."""
+    _, bs, heads, dim = cache.shape
+    return f32(cache[table]).reshape(table.shape[0], table.shape[1] * bs, heads, dim)
+
+
+def index_scores(q: Array, keys: Array, weights: Array, pos: Array, scale: float) -> Array:
+    """DeepSeek-V3.2's indexer: sum_h weights * relu(scale q_h . k_t) per query and position, f32
+    [B, S, T], -inf at positions past the query's."""
+    dots = np.einsum("bshd,btd->bsht", f32(q), keys[:, :, 0]) * np.float32(scale)
+    scores = np.einsum("bsh,bsht->bst", f32(weights), np.maximum(dots, np.float32(0)))
+    t = np.arange(keys.shape[1])
+    return np.where(t[None, None, :] <= pos[:, :, None], scores, -np.inf).astype(np.float32)
+
+
+def _indexer_topk(ins: list[Array], a: Mapping) -> list[Array]:
+    q, kc, w, table, pos = ins
+    scores = index_scores(q, paged_keys(kc, table), w, pos, a["scale"])
+    k = a["k"]
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # best first, lower position on ties
+    best = np.take_along_axis(scores, order, axis=-1)
+    out = np.where(np.isfinite(best), order, -1).astype(np.int32)
+    if out.shape[-1] < k:  # fewer positions in the table than k
+        out = np.concatenate([out, np.full((*out.shape[:-1], k - out.shape[-1]), -1, np.int32)], axis=-1)
+    return [out]
+
+
+def _index_attention(ins: list[Array], a: Mapping) -> list[Array]:
+    q, kc, vc, table, pos, selected = ins
+    k, v = paged_keys(kc, table), paged_keys(vc, table)
+    t = np.arange(k.shape[1])
+    chosen = (selected[:, :, :, None] == t[None, None, None, :]).any(axis=2)  # [B, S, T]
+    visible = chosen & (t[None, None, :] <= pos[:, :, None])
+    return [_attend(f32(q), k, v, visible, a["scale"])]
 
 
 def _silu(ins: list[Array], a: Mapping) -> list[Array]:
@@ -437,6 +473,8 @@ REFERENCE: dict[str, RefFn] = {
     "kv_write": _kv_write,
     "attention": _attention,
     "cache_attention": _cache_attention,
+    "indexer_topk": _indexer_topk,
+    "index_attention": _index_attention,
     "silu": _silu,
     "gelu": _gelu,
     "scale": _scale,

@@ -573,7 +573,7 @@ def _entries() -> list[OpInfo]:
                leaf_samples(BATCH_SEQ, scale={"w_gate": 0.25, "w_up": 0.25, "w_down": 0.2}),
                patterns=(*swiglu, *residual)))
     # the general ops, and the routers, experts and attention of the MoE families, in files of their own
-    for name in ("general_entries", "moe_entries", "attention_entries"):
+    for name in ("general_entries", "moe_entries", "attention_entries", "latent_entries"):
         e.extend(_file_entries(name))
     return e
 # fmt: on
