@@ -16,7 +16,9 @@ rope with an attention temperature, an L2 norm of q and k on the others, interle
 layers interleaved, a shared expert, sigmoid top-k routing that weighs each expert's input);
 DeepSeek-V3 and Kimi-K2 ("deepseek_v3": multi-head latent attention over a paged latent cache, decoded
 in latent space with the absorbed up-projections, interleaved rope, yarn's attention scale, and
-GLM-4.5's MoE). Rope types
+GLM-4.5's MoE), DeepSeek-V3.2 ("deepseek_v32") and GLM-5 ("glm_moe_dsa": its indexer's rope interleaved,
+layers that reuse the previous indexer's choice): the same attention restricted to the positions a
+lightning indexer with its own one-head cache selects. Rope types
 default, linear, dynamic, yarn, longrope and llama3; activations silu, gelu and gelu-tanh.
 
 Both forms that transformers writes are read: the transformers-4 form (`rope_theta` + `rope_scaling`,
@@ -47,7 +49,7 @@ from polymorph.errors import UserError
 
 ModelType = Literal[
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
 ]  # fmt: skip
 RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3"]
 Activation = Literal["silu", "gelu", "gelu_tanh"]
@@ -55,10 +57,11 @@ RouterStyle = Literal["topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigm
 
 MODEL_TYPES: tuple[ModelType, ...] = (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "granite", "mixtral", "qwen3_moe",
-    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3",
+    "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
 )  # fmt: skip
 MOE_TYPES: tuple[ModelType, ...] = (
-    "mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3"
+    "mixtral", "qwen3_moe", "olmoe", "glm4_moe", "minimax_m2", "gpt_oss", "llama4_text", "deepseek_v3",
+    "deepseek_v32", "glm_moe_dsa",
 )  # fmt: skip
 # q/k RMSNorm over each head (Qwen3, Gemma 3; GLM-4.5 with use_qk_norm) or over the whole projection
 # before it is split into heads (OLMoE, MiniMax-M2)
@@ -122,6 +125,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                     "first_k_dense_replace": 3, "n_shared_experts": 1, "kv_lora_rank": 512,
                     "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128},
+    # DeepseekV32Config: DeepseekV3Config's, and its indexer's
+    "deepseek_v32": {"rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+                     "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+                     "first_k_dense_replace": 3, "n_shared_experts": 1, "kv_lora_rank": 512,
+                     "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                     "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128},
+    # GlmMoeDsaConfig
+    "glm_moe_dsa": {"rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "rope_theta": 10000.0,
+                    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+                    "first_k_dense_replace": 3, "n_shared_experts": 1, "kv_lora_rank": 512,
+                    "q_lora_rank": 2048, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
+                    "index_topk": 2048, "index_n_heads": 32, "index_head_dim": 128},
 }  # fmt: skip
 _ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
@@ -140,6 +155,8 @@ _ARCHITECTURES: dict[str, str] = {
     "gpt_oss": "GptOssForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v32": "DeepseekV32ForCausalLM",
+    "glm_moe_dsa": "GlmMoeDsaForCausalLM",
 }
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -286,6 +303,11 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    indexer_rope_interleave: bool = False
+    indexer_shared_layers: tuple[int, ...] = field(default=())
     hidden_act: Activation = "silu"
     layer_types: tuple[str, ...] = field(default=())
     sliding_window: int | None = None
@@ -414,7 +436,7 @@ class ModelConfig:
         max_positions = r.int_("max_position_embeddings", defaults["max_position_embeddings"])
         _refuse_unimplemented(d, source, kind, head_dim)
         layer_types, window = _parse_windows(r, kind, layers)
-        mla = _parse_mla(r) if kind == "deepseek_v3" else {}
+        mla = _parse_mla(r, kind) if kind in _MLA else {}
         if mla:  # the q/k head is the nope and rope parts; rope turns the rope part only
             head_dim = r.int_("qk_nope_head_dim", defaults["qk_nope_head_dim"]) + mla["qk_rope_head_dim"]
         rope_dim = mla.get("qk_rope_head_dim", head_dim)
@@ -554,6 +576,10 @@ class ModelConfig:
             attn += nh * self.v_head_dim * h
             if self.attention_bias:
                 attn += (q_rank if q_rank else 0) + r + self.qk_rope_head_dim + h
+        indexer = 0
+        if self.index_topk:  # wq_b, wk, k_norm (weight and bias), weights_proj; shared layers have none
+            hi, di = self.index_n_heads, self.index_head_dim
+            indexer = self.q_lora_rank * hi * di + h * di + 2 * di + h * hi
         if self.qk_norm:
             attn += 2 * self.head_dim
         if self.qk_norm_full:
@@ -571,6 +597,7 @@ class ModelConfig:
         moe_layers = sum(self.layer_is_moe(i) for i in range(layers))
         norms = 4 if self.is_gemma else 2  # Gemma adds pre/post feed-forward norms
         body = layers * (attn + norms * h) + moe_layers * moe + (layers - moe_layers) * dense
+        body += (layers - len(self.indexer_shared_layers)) * indexer
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + body + h  # + final RMSNorm
 
@@ -688,19 +715,50 @@ def _parse_llama4(r: _Reader, layers: int) -> dict[str, Any]:
     }
 
 
-def _parse_mla(r: _Reader) -> dict[str, Any]:
-    """DeepSeek-V3's latent attention sizes (DeepseekV3Config; q_lora_rank null: a plain q_proj)."""
-    defaults = _DEFAULTS["deepseek_v3"]
+_MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+
+
+def _parse_mla(r: _Reader, kind: str) -> dict[str, Any]:
+    """The latent attention sizes (DeepseekV3Config; q_lora_rank null: a plain q_proj), and the indexer
+    of DeepSeek-V3.2 and GLM-5 (whose attention always has the q low rank and interleaved rope; GLM-5's
+    indexer rope is interleaved too, and its `indexer_types` "shared" layers reuse the last "full"
+    layer's selection)."""
+    defaults = _DEFAULTS[kind]
     q_rank = r.d.get("q_lora_rank", defaults["q_lora_rank"])
     if q_rank is not None and (isinstance(q_rank, bool) or not isinstance(q_rank, int) or q_rank <= 0):
         raise r._bad("q_lora_rank", q_rank, "a positive integer or null")
-    return {
+    f: dict[str, Any] = {
         "kv_lora_rank": r.int_("kv_lora_rank", defaults["kv_lora_rank"]),
         "q_lora_rank": q_rank or 0,
         "qk_rope_head_dim": r.int_("qk_rope_head_dim", defaults["qk_rope_head_dim"]),
         "v_head_dim": r.int_("v_head_dim", defaults["v_head_dim"]),
-        "rope_interleave": r.bool_("rope_interleave", True),
+        "rope_interleave": r.bool_("rope_interleave", True) if kind == "deepseek_v3" else True,
     }
+    if kind == "deepseek_v3":
+        return f
+    if not f["q_lora_rank"]:
+        raise UserError(f"{r.source}: {kind} needs q_lora_rank (its indexer reads the q latent), got null")
+    layers = r.int_("num_hidden_layers")
+    types = r.d.get("indexer_types")
+    if kind == "glm_moe_dsa" and types is None:  # GlmMoeDsaConfig's pattern from its frequency keys
+        freq = max(int(r.d.get("index_topk_freq", 1) or 1), 1)
+        offset = int(r.d.get("index_skip_topk_offset", 2))
+        types = ["full" if (max(i - offset + 1, 0) % freq) == 0 else "shared" for i in range(layers)]
+    types = types or ["full"] * layers
+    if not isinstance(types, list) or len(types) != layers or not all(t in ("full", "shared") for t in types):
+        raise r._bad("indexer_types", types, f'a list of {layers} "full" and "shared"')
+    if types[0] != "full":
+        raise UserError(
+            f"{r.source}: indexer_types starts with a shared layer, which has no indexer to share"
+        )
+    f.update(
+        index_topk=r.int_("index_topk", defaults["index_topk"]),
+        index_n_heads=r.int_("index_n_heads", defaults["index_n_heads"]),
+        index_head_dim=r.int_("index_head_dim", defaults["index_head_dim"]),
+        indexer_rope_interleave=kind == "glm_moe_dsa",
+        indexer_shared_layers=tuple(i for i, t in enumerate(types) if t == "shared"),
+    )
+    return f
 
 
 def _mla_scale(d: dict[str, Any], head_dim: int, rope: RopeConfig) -> float:
@@ -729,7 +787,12 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
         d.update(decoder_sparse_step=1, mlp_only_layers=list(c.dense_layers))
     elif kind in _GLM_MOE:
         first = len(c.dense_layers)
-        assert c.dense_layers == tuple(range(first)), c.dense_layers
+        if kind in ("deepseek_v32", "glm_moe_dsa"):
+            d["mlp_layer_types"] = [
+                "dense" if i in c.dense_layers else "sparse" for i in range(c.num_hidden_layers)
+            ]
+        else:
+            assert c.dense_layers == tuple(range(first)), c.dense_layers
         assert c.moe_intermediate_size and c.shared_expert_size % c.moe_intermediate_size == 0
         d.update(
             first_k_dense_replace=first, n_group=c.router_groups, topk_group=c.router_topk_groups,
@@ -743,6 +806,12 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
                 qk_rope_head_dim=c.qk_rope_head_dim, qk_nope_head_dim=c.head_dim - c.qk_rope_head_dim,
                 rope_interleave=c.rope_interleave, head_dim=c.qk_rope_head_dim,
             )  # fmt: skip
+            if c.index_topk:
+                d.update(
+                    index_topk=c.index_topk, index_n_heads=c.index_n_heads, index_head_dim=c.index_head_dim,
+                    indexer_types=["shared" if i in c.indexer_shared_layers else "full"
+                                   for i in range(c.num_hidden_layers)],
+                )  # fmt: skip
     elif kind == "gpt_oss":
         d.update(swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
     elif kind == "llama4_text":
@@ -759,8 +828,8 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
     return d
 
 
-# GLM-4.5's MoE, which DeepSeek-V3 shares (its keys, router and shared experts)
-_GLM_MOE = ("glm4_moe", "deepseek_v3")
+# GLM-4.5's MoE, which the DeepSeek-V3 line shares (its keys, router and shared experts)
+_GLM_MOE = ("glm4_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 
 
 def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
@@ -812,8 +881,18 @@ def _parse_moe(r: _Reader, kind: str, layers: int) -> dict[str, Any]:
         shared = d.get("n_shared_experts", defaults["n_shared_experts"])
         if shared is not None and (isinstance(shared, bool) or not isinstance(shared, int) or shared < 0):
             raise r._bad("n_shared_experts", shared, "a non-negative integer or null")
+        dense = tuple(range(min(first, layers)))
+        mlp_types = d.get("mlp_layer_types")
+        if mlp_types is not None and kind in ("deepseek_v32", "glm_moe_dsa"):
+            if (
+                not isinstance(mlp_types, list)
+                or len(mlp_types) != layers
+                or not set(mlp_types) <= {"dense", "sparse"}
+            ):
+                raise r._bad("mlp_layer_types", mlp_types, f'a list of {layers} "dense" and "sparse"')
+            dense = tuple(i for i, t in enumerate(mlp_types) if t == "dense")
         f.update(
-            dense_layers=tuple(range(min(first, layers))),
+            dense_layers=dense,
             router_groups=groups,
             router_topk_groups=chosen,
             routed_scaling=_positive(r, "routed_scaling_factor", defaults),
@@ -900,6 +979,8 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
     d, source = r.d, r.source
     if kind == "llama4_text":
         return (), None  # chunked, not sliding: _parse_llama4
+    if kind in _MLA:
+        return (), None  # no sliding windows; layer_types names "indexed_attention" for the cache
     types = d.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or not all(t in (FULL, SLIDING) for t in types):
@@ -911,7 +992,7 @@ def _parse_windows(r: _Reader, kind: str, layers: int) -> tuple[tuple[str, ...],
     window = d.get("sliding_window", _DEFAULTS[kind].get("sliding_window"))
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise r._bad("sliding_window", window, "a positive integer or null")
-    if kind in ("llama", "granite", "olmoe", "glm4_moe", "minimax_m2", "deepseek_v3"):
+    if kind in ("llama", "granite", "olmoe", "glm4_moe", "minimax_m2", *_MLA):
         if window is not None:
             raise UserError(
                 f"{source}: sliding_window={window!r} asks for sliding-window attention, which {kind} does "
@@ -1158,7 +1239,7 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
 # Families whose transformers classes read `attention_bias` (bias on q, k, v and o).
 _ATTENTION_BIAS = (
     "llama", "qwen3", "qwen3_moe", "granite", "gemma2", "gemma3_text", "olmoe", "glm4_moe", "gpt_oss", "llama4_text",
-    "deepseek_v3",
+    "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
 )  # fmt: skip
 
 

@@ -21,6 +21,9 @@ from polymorph.ir.graph import Graph
 from polymorph.models.config import ModelConfig
 
 DEFAULT_BLOCK_SIZE = 16
+# The latent norms of the DeepSeek-V3 line (q_a_layernorm, kv_a_layernorm) keep their class default
+# eps, whatever rms_norm_eps says (DeepseekV3RMSNorm(rank) in DeepseekV3Attention and its heirs).
+LATENT_EPS = 1e-6
 
 
 def expert_param_names(prefix: str) -> tuple[str, str, str]:
@@ -93,6 +96,8 @@ def build_decoder(
         meta["norm_weight_offset"] = 1.0
     if cfg.is_mla and cfg.rope_interleave:  # the same reordering of the rope rows (weights.py)
         meta.update(mla_rope_interleaved=True, head_dim=cfg.head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim)
+    if cfg.indexer_rope_interleave:  # GLM-5's indexer: its rope rows too
+        meta.update(indexer_rope_interleaved=True, index_head_dim=cfg.index_head_dim)
     if cfg.model_type == "llama4_text":
         # Llama 4 rotates pairs of adjacent dims (complex rope); the rope op rotates halves. The loader
         # reorders each head's q and k projection rows (even dims, then odd) on these layers, which
@@ -120,8 +125,10 @@ def build_decoder(
             return g.op("linear", node, x, w, b)
         return g.op("linear", node, x, w)
 
-    def norm(node: str, x: str, weight: str, width: int) -> str:
-        return g.op("rmsnorm", node, x, g.param(f"{weight}.weight", dtype, (width,)), eps=eps)
+    def norm(node: str, x: str, weight: str, width: int, at: float | None = None) -> str:
+        return g.op(
+            "rmsnorm", node, x, g.param(f"{weight}.weight", dtype, (width,)), eps=eps if at is None else at
+        )
 
     def residual(node: str, x: str, branch: str) -> str:
         if cfg.residual_multiplier != 1.0:  # Granite scales each branch before adding it
@@ -194,9 +201,10 @@ def build_decoder(
         r, rope_d, vd = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim
         nope = hd - rope_d
         bias = cfg.attention_bias
+        cq = ""
         if cfg.q_lora_rank:
             cq = linear(f"{n}.attn.q_a", h, f"{p}.self_attn.q_a_proj", cfg.q_lora_rank, d, bias)
-            cq = norm(f"{n}.attn.q_a_norm", cq, f"{p}.self_attn.q_a_layernorm", cfg.q_lora_rank)
+            cq = norm(f"{n}.attn.q_a_norm", cq, f"{p}.self_attn.q_a_layernorm", cfg.q_lora_rank, LATENT_EPS)
             q = linear(f"{n}.attn.q", cq, f"{p}.self_attn.q_b_proj", nh * hd, cfg.q_lora_rank, False)
         else:
             q = linear(f"{n}.attn.q", h, f"{p}.self_attn.q_proj", nh * hd, d, False)
@@ -209,7 +217,7 @@ def build_decoder(
         q_all = g.op("concat", f"{n}.attn.q_latent", q_lat, q_pe, axis=-1)  # [B, S, H, r + rope]
         kv = linear(f"{n}.attn.kv_a", h, f"{p}.self_attn.kv_a_proj_with_mqa", r + rope_d, d, bias)
         c = g.op("slice", f"{n}.attn.kv_latent", kv, axis=-1, start=0, end=r)
-        c = norm(f"{n}.attn.kv_a_norm", c, f"{p}.self_attn.kv_a_layernorm", r)
+        c = norm(f"{n}.attn.kv_a_norm", c, f"{p}.self_attn.kv_a_layernorm", r, LATENT_EPS)
         c = g.op("reshape", f"{n}.attn.kv_latent_head", c, shape=("batch", "seq", 1, r))
         k_pe = g.op("slice", f"{n}.attn.k_pe", kv, axis=-1, start=r, end=None)
         k_pe = g.op("reshape", f"{n}.attn.k_pe_head", k_pe, shape=("batch", "seq", 1, rope_d))
@@ -219,12 +227,47 @@ def build_decoder(
         cache = g.state(name, dtype, ("cache_blocks", block_size, 1, r + rope_d))
         cache = g.op("kv_write", f"{n}.attn.latent_write", cache, entry, table, positions)
         g.update(name, cache)
-        a = g.op("cache_attention", f"{n}.attn.sdpa", q_all, cache, cache, table, positions, scale=cfg.scale)
+        if cfg.index_topk:  # DeepSeek-V3.2, GLM-5: attend only where the indexer points
+            if i not in cfg.indexer_shared_layers:
+                selected[0] = indexer(n, p, i, h, cq)
+            a = g.op("index_attention", f"{n}.attn.sdpa", q_all, cache, cache, table, positions, selected[0],
+                     scale=cfg.scale)  # fmt: skip
+        else:
+            a = g.op(
+                "cache_attention", f"{n}.attn.sdpa", q_all, cache, cache, table, positions, scale=cfg.scale
+            )
         a = g.op("slice", f"{n}.attn.out_latent", a, axis=-1, start=0, end=r)  # [B, S, H, r]
         w_uv = g.param(f"{p}.self_attn.w_uv", dtype, (nh, vd, r))
         a = g.op("head_linear", f"{n}.attn.v_absorb", a, w_uv)  # [B, S, H, v]
         a = g.op("reshape", f"{n}.attn.merge", a, shape=("batch", "seq", nh * vd))
         return linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * vd, bias)
+
+    selected = [""]  # the last indexer's choice, which GLM-5's shared layers reuse
+
+    def indexer(n: str, p: str, i: int, h: str, cq: str) -> str:
+        """DeepSeek-V3.2's lightning indexer: per-head queries from the q latent and one shared key per
+        token (LayerNorm, rope on the first qk_rope_head_dim dims) into a one-head paged indexer cache;
+        the k best positions by weighted relu scores (weights_proj in f32, times heads ** -0.5)."""
+        hi, di, rope_d = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+        ip = f"{p}.self_attn.indexer"
+        rope = {**cfg.layer_rope(i).op_attrs(), "rotary_dim": rope_d}
+        iq = linear(f"{n}.index.q", cq, f"{ip}.wq_b", hi * di, cfg.q_lora_rank, False)
+        iq = g.op("reshape", f"{n}.index.q_heads", iq, shape=("batch", "seq", hi, di))
+        iq = g.op("rope", f"{n}.index.q_rope", iq, positions, **rope)
+        ik = linear(f"{n}.index.k", h, f"{ip}.wk", di, d, False)
+        ik = g.op("layernorm", f"{n}.index.k_norm", ik, g.param(f"{ip}.k_norm.weight", dtype, (di,)),
+                  g.param(f"{ip}.k_norm.bias", dtype, (di,)), eps=1e-6)  # fmt: skip
+        ik = g.op("reshape", f"{n}.index.k_head", ik, shape=("batch", "seq", 1, di))
+        ik = g.op("rope", f"{n}.index.k_rope", ik, positions, **rope)
+        name = f"layers.{i}.indexer_cache"
+        cache = g.state(name, dtype, ("cache_blocks", block_size, 1, di))
+        cache = g.op("kv_write", f"{n}.index.write", cache, ik, table, positions)
+        g.update(name, cache)
+        hw = h if dtype == DType.F32 else g.op("cast", f"{n}.index.weights_in", h, dtype="f32")
+        w = g.op("linear", f"{n}.index.weights", hw, g.param(f"{ip}.weights_proj.weight", DType.F32, (hi, d)))
+        w = g.op("scale", f"{n}.index.weights_scale", w, factor=hi**-0.5)
+        return g.op("indexer_topk", f"{n}.index.topk", iq, cache, w, table, positions, k=cfg.index_topk,
+                    scale=di**-0.5)  # fmt: skip
 
     # Gemma: input_layernorm, post_attention_layernorm (on the attention's output), then
     # pre_feedforward_layernorm and post_feedforward_layernorm around the MLP; the others normalize the

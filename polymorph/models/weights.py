@@ -82,7 +82,8 @@ def checkpoint_weights(
     offset = float(graph.meta.get("norm_weight_offset", 0.0))
     out: dict[str, np.ndarray] = {}
     for name, t in graph.params.items():
-        arr = _mla_rope_halves(name, _rope_halves(name, _find(name, tensors, graph, source), graph), graph)
+        arr = _rope_halves(name, _find(name, tensors, graph, source), graph)
+        arr = _indexer_rope_halves(name, _mla_rope_halves(name, arr, graph), graph)
         shape = concrete(t.shape)
         if tuple(arr.shape) != shape:
             raise UserError(
@@ -315,6 +316,25 @@ def _mla_rope_halves(name: str, arr: np.ndarray, graph: Graph) -> np.ndarray:
     hd = int(graph.meta["head_dim"])
     heads = out.reshape(-1, hd, arr.shape[-1])
     heads[:, hd - rope :] = heads[:, hd - rope :][:, order]
+    return heads.reshape(arr.shape)
+
+
+_INDEXER_ROWS = re.compile(
+    r"^model\.layers\.\d+\.self_attn\.indexer\.(?P<part>wq_b\.weight|wk\.weight|k_norm\.weight|k_norm\.bias)$"
+)
+
+
+def _indexer_rope_halves(name: str, arr: np.ndarray, graph: Graph) -> np.ndarray:
+    """GLM-5's indexer rotates adjacent pairs of the first qk_rope_head_dim dims of each head: those rows
+    of wq_b (per head), wk and the k LayerNorm's weight and bias reordered to halves (a LayerNorm over the
+    head is indifferent to the order of its dims, once its weight and bias move with them)."""
+    m = _INDEXER_ROWS.match(name)
+    if m is None or not graph.meta.get("indexer_rope_interleaved"):
+        return arr
+    rope, di = int(graph.meta["qk_rope_head_dim"]), int(graph.meta["index_head_dim"])
+    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    heads = np.array(arr).reshape(-1, di, *arr.shape[1:])  # wq_b: [H, Di, q_lora]; the others: one head
+    heads[:, :rope] = heads[:, :rope][:, order]
     return heads.reshape(arr.shape)
 
 

@@ -162,6 +162,20 @@ MOE_FAMILIES: dict[str, Callable[[], tuple[Any, Any]]] = {
         n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2, n_group=1, topk_group=1,
         first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=16,
         qk_nope_head_dim=8), transformers.DeepseekV3ForCausalLM),
+    # sparse attention: an indexer keeps 6 of the 13+ positions (8 heads: relu scores rarely tie at 0)
+    "deepseek-v32": lambda: (transformers.DeepseekV32Config(
+        **{**BASE, "num_hidden_layers": 3}, intermediate_size=80, moe_intermediate_size=24,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=24,
+        q_lora_rank=20, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16, index_topk=6,
+        index_n_heads=8, index_head_dim=16), transformers.DeepseekV32ForCausalLM),
+    # GLM-5: interleaved indexer rope, layers 1 and 3 reuse the indexer of layers 0 and 2, rms eps 1e-5
+    "glm-moe-dsa": lambda: (transformers.GlmMoeDsaConfig(
+        **{**BASE, "num_hidden_layers": 4}, intermediate_size=80, moe_intermediate_size=24,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=24, q_lora_rank=20, qk_rope_head_dim=8,
+        v_head_dim=12, qk_nope_head_dim=16, index_topk=6, index_n_heads=8, index_head_dim=16,
+        indexer_types=["full", "shared", "full", "shared"]), transformers.GlmMoeDsaForCausalLM),
 }  # fmt: skip
 FAMILIES.update(MOE_FAMILIES)
 # the config.json rewritten in the transformers-4 form after saving (rope_theta + rope_scaling, and
