@@ -1219,6 +1219,10 @@ def _require_ir(cfg: ModelConfig, source: str) -> None:
         need("chunk" in attention, f"chunked attention (attention_chunk_size={cfg.attention_chunk})")
     if cfg.attention_sinks:
         need(OPS["cache_attention"].arity[1] >= 6, "attention sinks (the cache_attention op's sinks input)")
+    if cfg.is_mla:
+        need("head_linear" in OPS, "the head_linear op (latent attention's absorbed up-projections)")
+    if cfg.index_topk:
+        need("indexer_topk" in OPS and "index_attention" in OPS, "the indexer_topk and index_attention ops")
     if cfg.attn_temperature is not None:
         need("attn_temperature" in OPS, "the attn_temperature op (Llama 4's attn_temperature_tuning)")
     if cfg.router is not None:
