@@ -225,6 +225,7 @@ def build_decoder(
         entry = g.op("concat", f"{n}.attn.latent_entry", c, k_pe, axis=-1)  # [B, S, 1, r + rope]
         name = f"layers.{i}.latent_cache"
         cache = g.state(name, dtype, ("cache_blocks", block_size, 1, r + rope_d))
+        kinds[name] = "latent"
         cache = g.op("kv_write", f"{n}.attn.latent_write", cache, entry, table, positions)
         g.update(name, cache)
         if cfg.index_topk:  # DeepSeek-V3.2, GLM-5: attend only where the indexer points
@@ -243,6 +244,11 @@ def build_decoder(
         return linear(f"{n}.attn.o", a, f"{p}.self_attn.o_proj", d, nh * vd, bias)
 
     selected = [""]  # the last indexer's choice, which GLM-5's shared layers reuse
+    # Each state's kind (graph meta `state_kinds`): "kv" (a layer's keys or values), "latent" (MLA's
+    # latent and shared rope key), "indexer" (DSA's indexer keys). All are paged caches of one layout,
+    # [cache_blocks, block_size, heads, dim], written only by kv_write at the step's positions, so
+    # the slot ownership, guard regions and isolation checks of a KV cache hold each of them.
+    kinds: dict[str, str] = {}
 
     def indexer(n: str, p: str, i: int, h: str, cq: str) -> str:
         """DeepSeek-V3.2's lightning indexer: per-head queries from the q latent and one shared key per
@@ -261,6 +267,7 @@ def build_decoder(
         ik = g.op("rope", f"{n}.index.k_rope", ik, positions, **rope)
         name = f"layers.{i}.indexer_cache"
         cache = g.state(name, dtype, ("cache_blocks", block_size, 1, di))
+        kinds[name] = "indexer"
         cache = g.op("kv_write", f"{n}.index.write", cache, ik, table, positions)
         g.update(name, cache)
         hw = h if dtype == DType.F32 else g.op("cast", f"{n}.index.weights_in", h, dtype="f32")
@@ -307,6 +314,7 @@ def build_decoder(
                          scale=temperature)  # fmt: skip
             kc = g.state(f"layers.{i}.k_cache", dtype, ("cache_blocks", block_size, nkv, hd))
             vc = g.state(f"layers.{i}.v_cache", dtype, ("cache_blocks", block_size, nkv, hd))
+            kinds[f"layers.{i}.k_cache"] = kinds[f"layers.{i}.v_cache"] = "kv"
             kc = g.op("kv_write", f"{n}.attn.k_write", kc, k, table, positions)
             vc = g.op("kv_write", f"{n}.attn.v_write", vc, v, table, positions)
             g.update(f"layers.{i}.k_cache", kc)
@@ -353,4 +361,5 @@ def build_decoder(
     if dtype != DType.F32:
         logits = g.op("cast", "logits_f32", logits, dtype="f32")
     g.output("logits", logits)
+    g.graph.meta["state_kinds"] = kinds
     return g.build(check=False)  # verified by the compile stages (tests/models verify every family)
