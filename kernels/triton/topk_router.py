@@ -1,7 +1,7 @@
 """The MoE router: logits[*, E] (, bias[E]) -> weights[*, k] f32, indices[*, k] i32, one row of experts
 in registers.
 
-Each program holds ROWS tokens' logits ([ROWS, BLOCK_E], E <= 256) and picks the top k by k rounds of
+Each program holds ROWS tokens' logits ([ROWS, BLOCK_E], E <= 512) and picks the top k by k rounds of
 argmax, the lowest index winning a tie (the reference's stable descending sort). The modes of
 ops._ROUTER, each a compile-time branch (a mode's code carries nothing of the others):
 - `topk_softmax` (Mixtral, gpt-oss) softmaxes the k chosen logits;
@@ -36,7 +36,7 @@ from polymorph.pipeline.kernel_files import depend
 
 IMPLEMENTS = "topk_router"
 
-MAX_EXPERTS = 256
+MAX_EXPERTS = 512  # Kimi-K2 routes over 384
 MAX_K = 8
 MAX_GROUPS = 16  # the group scoring unrolls one pass over the row per group
 MODES = ("topk_softmax", "softmax_topk", "sigmoid_topk", "topk_sigmoid")

@@ -7,6 +7,16 @@ model (model.py):
   with those sizes divided by t. Norms, residuals, the embedding, lm_head, the router and gpt-oss's
   o-projection and expert down-projection biases (added once, after the reduction) are replicated
   (vocab-parallel lm_head is not modeled). t must divide N, the heads, the kv heads and the widths.
+- Latent attention (MLA: DeepSeek-V3, Kimi-K2, DeepSeek-V3.2, GLM-5) under TP=t: the query heads are
+  split (q_b_proj's rows, the absorbed w_uk [H, r, nope] and w_uv [H, v, r], o_proj's columns), while
+  q_a_proj, kv_a_proj_with_mqa, the latent norms and the latent cache [blocks, block, 1, r + rope] are
+  whole on every device: the cache has one head shared by all query heads, which cannot be split, so
+  each device holds the whole latent cache of its batch ((r + rope) x dtype bytes x layers per token,
+  far less than a GQA cache; `latent_cache_bytes_per_token`). `num_key_value_heads` means nothing to
+  MLA and is not checked. The lightning indexer (DeepSeek-V3.2, GLM-5) is replicated too, its cache
+  [blocks, block, 1, index_head_dim] whole: its top-k ranks every cached position by a score summed
+  over all indexer heads, so splitting its heads would add a per-layer all-reduce of [batch, ctx] f32
+  scores before the top-k (growing with the context), to save a replica of ~14M parameters a layer.
 - EP=e (MoE only; e divides t): attention as TP=t, and the experts split whole across e of the t
   devices, E/e each, every expert's width split t/e ways (EP=t: whole experts; EP=1: TP of every expert).
   e must divide the expert count. What is not a routed expert stays TP=t like a dense model: the shared
@@ -32,6 +42,8 @@ model (model.py):
   per step.
 - Memory per device: the cost model's footprint of the device's graph (weights, KV cache, activations),
   plus the replicated router rows under EP, against the profile's `memory_capacity`.
+An option whose device graph the backend cannot lower (a kernel's limit, e.g. the router's expert
+count) is not offered, with the lowering's message.
 The choice: among options that fit (or whose fit is unknown) and meet the latency target, the highest
 throughput when a target is given, else the lowest step time; fewer devices per replica break ties.
 """
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +116,8 @@ class ParallelPlan:
     basis: str  # the cost model's calibration basis
     options: tuple[ParallelOption, ...]
     rejected: tuple[Rejected, ...]
+    weights_bytes: float = 0.0  # the whole model's weights at the plan's dtype
+    memory_note: str | None = None  # why nothing fits, where the weights alone exceed the devices
 
     @property
     def choice(self) -> ParallelOption | None:
@@ -155,8 +170,12 @@ def plan_parallel(
         if why:
             rejected.append(Rejected(tp, ep, why))
             continue
-        options.append(_option(m, profile, b.name, tp, ep, devices, bucket.batch, bucket.ctx, latency_s))
+        try:
+            options.append(_option(m, profile, b.name, tp, ep, devices, bucket.batch, bucket.ctx, latency_s))
+        except UserError as e:  # the device's graph does not lower (a kernel's limit): not offered
+            rejected.append(Rejected(tp, ep, f"its device graph does not lower: {e}"))
     options = _choose(options, latency_s is not None)
+    weights = float(m.config.weight_bytes(m.dtype.itemsize))
     return ParallelPlan(
         model=m.name,
         profile=profile.id,
@@ -169,6 +188,24 @@ def plan_parallel(
         basis=HardwareModel(profile).basis(),
         options=tuple(options),
         rejected=tuple(rejected),
+        weights_bytes=weights,
+        memory_note=_memory_note(weights, devices, profile, m.dtype.value, options),
+    )
+
+
+def _memory_note(
+    weights: float, devices: int, profile: Profile, dtype: str, options: list[ParallelOption]
+) -> str | None:
+    """Where no option fits and the weights alone exceed every device's memory together: by how much,
+    and how many devices the weights need at the least."""
+    capacity = profile.memory_bytes()
+    if capacity is None or any(o.fits is not False for o in options) or weights <= devices * capacity:
+        return None
+    least = math.ceil(weights / capacity)
+    return (
+        f"the weights alone take {_size(weights)} in {dtype}, more than {devices} x {profile.id} hold "
+        f"({devices} x {_size(capacity)} = {_size(devices * capacity)}): no split fits; the weights need "
+        f"{least} devices at the least, before the caches and activations"
     )
 
 
@@ -177,7 +214,9 @@ def device_config(cfg: ModelConfig, tp: int, ep: int) -> ModelConfig:
     `_unsplittable` says first whether the sizes divide."""
     fields: dict[str, object] = {
         "num_attention_heads": cfg.num_attention_heads // tp,
-        "num_key_value_heads": cfg.num_key_value_heads // tp,
+        # MLA has no kv heads (its latent cache is one head, whole on every device): the field follows
+        # the query heads, as the hub configs write it
+        "num_key_value_heads": cfg.num_attention_heads // tp if cfg.is_mla else cfg.num_key_value_heads // tp,
     }
     if not cfg.is_moe:
         fields["intermediate_size"] = cfg.intermediate_size // tp
@@ -218,8 +257,23 @@ def _candidates(cfg: ModelConfig, devices: int) -> list[tuple[int, int]]:
     return out
 
 
+def latent_cache_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+    """Bytes one token's latent state takes on each device of an MLA model, whatever the TP degree:
+    the latent cache's (kv_lora_rank + qk_rope_head_dim) and the indexer cache's index_head_dim (the
+    layers with an indexer of their own), times the dtype's bytes; 0 for other models."""
+    if not cfg.is_mla:
+        return 0
+    layers = cfg.num_hidden_layers
+    latent = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * layers
+    indexer = cfg.index_head_dim * (layers - len(cfg.indexer_shared_layers)) if cfg.index_topk else 0
+    return (latent + indexer) * itemsize
+
+
 def _unsplittable(cfg: ModelConfig, tp: int, ep: int) -> str | None:
-    for what, n in (("attention heads", cfg.num_attention_heads), ("kv heads", cfg.num_key_value_heads)):
+    heads = [("attention heads", cfg.num_attention_heads)]
+    if not cfg.is_mla:  # MLA's one-head latent cache is replicated, never split
+        heads.append(("kv heads", cfg.num_key_value_heads))
+    for what, n in heads:
         if n % tp:
             return f"{what} ({n}) do not divide by TP={tp}"
     if not cfg.is_moe:
@@ -287,6 +341,8 @@ def _option(
     step = compute_s + (allreduce_s or 0.0)
     meets = None if latency_s is None else step <= latency_s
     reasons = [_layout(m.config, tp, ep, devices)]
+    if m.config.is_mla:
+        reasons.append(_latent_cache(m.config, base.footprint.kv_cache_bytes, m.dtype.itemsize))
     if tp > 1 and rows is None:
         reasons.append("all-reduce time unknown (no interconnect figure): the step leaves it out")
     elif tp > 1:
@@ -341,9 +397,20 @@ def _layout(cfg: ModelConfig, tp: int, ep: int, devices: int) -> str:
             if ep == tp
             else f"{per} experts per device (EP={ep}), each's width split {tp // ep} ways"
         )
-        return f"attention split {tp} ways, {experts}{also}{copies}"
+        attention = "attention's query heads" if cfg.is_mla else "attention"
+        return f"{attention} split {tp} ways, {experts}{also}{copies}"
     width = "each expert's width" if cfg.is_moe else "MLP width"
-    return f"heads, kv heads and {width} split {tp} ways (TP={tp}){also}{copies}"
+    heads = "query heads" if cfg.is_mla else "heads, kv heads"
+    return f"{heads} and {width} split {tp} ways (TP={tp}){also}{copies}"
+
+
+def _latent_cache(cfg: ModelConfig, nbytes: float, itemsize: int) -> str:
+    per_token = latent_cache_bytes_per_token(cfg, itemsize)
+    what = "latent and indexer caches" if cfg.index_topk else "latent cache"
+    return (
+        f"{what} {_size(nbytes)} whole on each device ({_size(per_token)} a token over "
+        f"{cfg.num_hidden_layers} layers: one head, not split by TP)"
+    )
 
 
 def _dense_layers(n: int) -> str:
@@ -504,6 +571,8 @@ def print_plan(plan: ParallelPlan) -> None:
     console.line(f"cost model: {plan.basis}")
     for r in plan.rejected:
         console.line(f"not offered: TP={r.tp}" + (f", EP={r.ep}" if r.ep > 1 else "") + f": {r.reason}")
+    if plan.memory_note is not None:
+        console.warn(plan.memory_note)
     if plan.choice is None:
         console.warn("no option fits the devices' memory and the latency target")
 

@@ -11,7 +11,9 @@ expert 0) or all on the same k experts; the logits a topk_router reads are drawn
 pushed towards expert 0 for most tokens (imbalance), or with near-ties: half the rows with the k-th
 and (k+1)-th logit equal (the contract breaks ties to the lower index), half with them
 `NEAR_TIE_STEPS` steps of the dtype apart relative to the row (beyond the rounding a kernel may
-differ by, so the choice is still determined).
+differ by, so the choice is still determined). The positions an index_attention reads (DeepSeek-V3.2's
+sparse attention) are what an indexer would hand it: up to k distinct visible positions per query,
+its own among them, -1 after.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def draw(
         "tokens": rng.integers(0, vocab, size=(batch, seq), dtype=np.int32),
     }
     experts = _expert_inputs(group)
+    selections = _selection_inputs(group)
     inputs: list[np.ndarray | None] = []
     for v in group.inputs:
         t = group.types[v]
@@ -116,6 +119,8 @@ def draw(
             inputs.append(draw_float(rng, dist, concrete(t.shape, bindings)).astype(t.dtype.numpy))
         elif v in ints:
             inputs.append(ints[v].astype(t.dtype.numpy))
+        elif v in selections:
+            inputs.append(_selected_positions(rng, ints["positions"], selections[v]).astype(t.dtype.numpy))
         elif v in experts:
             inputs.append(
                 _expert_indices(rng, concrete(t.shape, bindings), experts[v], ROUTING.get(dist, "uniform"))
@@ -139,6 +144,27 @@ def _expert_inputs(group: GroupInfo) -> dict[str, int]:
         for n in _group_nodes(group)
         if n.op == "moe_ffn" and n.inputs[2] in group.inputs
     }
+
+
+def _selection_inputs(group: GroupInfo) -> dict[str, int]:
+    """The selected-position inputs of the group's index_attention nodes -> positions per query."""
+    return {
+        n.inputs[5]: int(group.types[n.inputs[5]].shape[-1])
+        for n in _group_nodes(group)
+        if n.op == "index_attention" and n.inputs[5] in group.inputs
+    }
+
+
+def _selected_positions(rng: np.random.Generator, positions: np.ndarray, k: int) -> np.ndarray:
+    """What an indexer hands its sparse attention: per query, up to k distinct positions it may see
+    (t <= its own, in random order, always its own among them), -1 after them."""
+    out = np.full((*positions.shape, k), -1, dtype=np.int64)
+    for b, s in np.ndindex(positions.shape):
+        p = int(positions[b, s])
+        seen = rng.permutation(p)[: k - 1] if p else np.zeros(0, dtype=np.int64)
+        chosen = rng.permutation(np.concatenate([seen, [p]]))
+        out[b, s, : chosen.size] = chosen
+    return out
 
 
 def _expert_indices(

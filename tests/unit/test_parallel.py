@@ -233,6 +233,7 @@ def _fewer_layers(cfg: ModelConfig, n: int) -> ModelConfig:
         num_hidden_layers=n,
         layer_types=cfg.layer_types[:n],
         dense_layers=tuple(i for i in cfg.dense_layers if i < n),
+        indexer_shared_layers=tuple(i for i in cfg.indexer_shared_layers if i < n),
     )
 
 
@@ -244,8 +245,13 @@ SPLITS = [
     ("gpt-oss-20b", 8, 1), ("gpt-oss-20b", 8, 8), ("gpt-oss-120b", 8, 4), ("gpt-oss-120b", 4, 2),
     ("glm-4.5-air", 8, 8), ("glm-4.5-air", 8, 2), ("glm-4.5-air", 2, 1), ("olmoe-1b-7b", 8, 8),
     ("olmoe-1b-7b", 4, 1), ("minimax-m2", 8, 8), ("minimax-m2", 8, 4), ("qwen3-moe-dense", 4, 4),
-    ("qwen3-moe-dense", 4, 1), ("mixtral-8x7b", 8, 1),
+    ("qwen3-moe-dense", 4, 1), ("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 8), ("deepseek-v3", 16, 4),
+    ("kimi-k2", 16, 16), ("kimi-k2", 8, 1), ("deepseek-v3.2", 8, 4), ("glm-5", 16, 16),
 ]  # fmt: skip
+# Latent attention: the q latent (q_a_proj, its norm), the kv latent and shared rope key
+# (kv_a_proj_with_mqa, its norm) are whole on every device, and so is the lightning indexer; the query
+# heads' q_b_proj, w_uk, w_uv and o_proj are split.
+MLA_REPLICATED = ("q_a_proj.weight", "kv_a_proj_with_mqa.weight")
 
 
 @pytest.mark.parametrize(("name", "tp", "ep"), SPLITS, ids=[f"{n}-tp{t}-ep{e}" for n, t, e in SPLITS])
@@ -270,7 +276,11 @@ def test_each_devices_share_adds_up_to_the_models_parameters(name: str, tp: int,
         elif param.endswith("experts.b_down"):  # [E, D]: each device its experts', added after the sum
             factor = ep
             replicated += whole
-        elif param.endswith(REPLICATED) or (param.endswith("_norm.weight") and not cfg.qk_norm_full):
+        elif (
+            param.endswith(REPLICATED + MLA_REPLICATED)
+            or ".self_attn.indexer." in param
+            or (param.endswith("_norm.weight") and not cfg.qk_norm_full)
+        ):
             factor = 1
             replicated += whole
         else:
@@ -369,3 +379,84 @@ def test_expert_tensor_parallel_keeps_the_expert_flops_per_device(empty: Path) -
     assert set(flops) == {(4, 1), (4, 2), (4, 4)}
     for ep in (2, 4):
         assert flops[4, ep] == pytest.approx(flops[4, 1])
+
+
+# --- Latent attention (MLA): the query heads split, the one-head latent cache whole on every device.
+
+
+def test_the_latent_and_indexer_caches_are_not_divided_by_tp() -> None:
+    """The device graph's latent cache (and DeepSeek-V3.2's indexer cache) has the model's shape at any
+    TP: one head of kv_lora_rank + qk_rope_head_dim (index_head_dim), which TP cannot split; the query
+    heads' tensors are what shrink."""
+    cfg = _fewer_layers(zoo_config("deepseek-v3.2"), 4)
+    full = build_decoder(cfg, name="full")
+    for tp, ep in ((8, 8), (16, 4)):
+        device = build_decoder(parallel.device_config(cfg, tp, ep), name="device")
+        assert set(device.state) == set(full.state) and len(full.state) == 2 * 4
+        for name, t in full.state.items():
+            assert device.state[name].shape == t.shape, name
+        assert device.state["layers.0.latent_cache"].shape[2:] == (1, 512 + 64)
+        assert device.state["layers.0.indexer_cache"].shape[2:] == (1, 128)
+        w_uk = "model.layers.0.self_attn.w_uk"
+        assert device.params[w_uk].shape == (128 // tp, 512, 128) and full.params[w_uk].shape[0] == 128
+    # Per token: (512 + 64) + 128 values a layer, in bf16, on every device.
+    assert parallel.latent_cache_bytes_per_token(cfg, 2) == (576 + 128) * 2 * 4
+    assert parallel.latent_cache_bytes_per_token(zoo_config("llama-3.2-1b"), 2) == 0
+
+
+def test_mla_needs_no_kv_head_split() -> None:
+    """num_key_value_heads does not limit MLA's TP: its cache is one head, replicated."""
+    cfg = dataclasses.replace(zoo_config("deepseek-v3"), num_key_value_heads=3)
+    assert parallel._unsplittable(cfg, 16, 16) is None
+    assert parallel.device_config(cfg, 16, 16).num_key_value_heads == 128 // 16
+    assert "attention heads (128) do not divide by TP=3" in (parallel._unsplittable(cfg, 3, 1) or "")
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3_on_h200(empty: Path) -> dict[int, parallel.ParallelPlan]:
+    return {
+        n: parallel.plan_parallel("deepseek-v3", n, backend="cuda", target="h200", calibration_dir=empty)
+        for n in (8, 16)
+    }
+
+
+@needs_triton
+def test_eight_h200s_cannot_hold_deepseek_v3_in_bf16_and_sixteen_can(
+    deepseek_v3_on_h200: dict[int, parallel.ParallelPlan],
+) -> None:
+    cfg = zoo_config("deepseek-v3")
+    eight, sixteen = deepseek_v3_on_h200[8], deepseek_v3_on_h200[16]
+    # 671B parameters x 2 bytes = 1.34 TB > 8 x 141 GB = 1.13 TB
+    assert eight.weights_bytes == 2 * cfg.param_count() > 8 * 141e9
+    assert eight.options and all(o.fits is False for o in eight.options) and eight.choice is None
+    assert eight.memory_note is not None and "the weights alone take 1.34 TB in bf16" in eight.memory_note
+    assert "8 x 141 GB = 1.13 TB" in eight.memory_note and "10 devices at the least" in eight.memory_note
+    assert {o.tp for o in sixteen.options} == {1, 2, 4, 8, 16} and not sixteen.rejected
+    choice = sixteen.choice
+    assert choice is not None and choice.fits and choice.tp == 16 and sixteen.memory_note is None
+    assert "chosen: lowest step time that fits" in choice.reasons
+    assert all(o.fits is (o.tp == 16) for o in sixteen.options)  # TP=8 needs ~173 GB a device
+    for plan in (eight, sixteen):
+        for o in plan.options:
+            # the device's bf16 share and router rows, plus its whole latent cache and activations
+            weights = 2 * parallel.device_config(cfg, o.tp, o.ep).param_count()
+            weights += parallel.router_rows_bytes(cfg, o.ep, 2)
+            assert weights < o.memory_bytes < weights + 3e9, (o.tp, o.ep)
+
+
+@needs_triton
+def test_every_device_holds_the_whole_latent_cache_and_it_is_small(
+    deepseek_v3_on_h200: dict[int, parallel.ParallelPlan],
+) -> None:
+    """Batch 1 at 1024 tokens: 65 blocks of 16 slots (one spare) of 576 bf16 values in 61 layers, the
+    same on a device of TP=1 as of TP=16; a GQA-style cache of 128 heads' keys (192) and values (128)
+    would be 71 times it."""
+    cfg = zoo_config("deepseek-v3")
+    per_token = parallel.latent_cache_bytes_per_token(cfg, 2)
+    assert per_token == (512 + 64) * 2 * 61
+    slots = (1024 // 16 + 1) * 16
+    for o in deepseek_v3_on_h200[16].options:
+        assert o.prediction.footprint.kv_cache_bytes == slots * per_token, (o.tp, o.ep)
+        assert any("latent cache 73.1 MB whole on each device" in r for r in o.reasons)
+    gqa = 128 * (192 + 128) * 2 * 61
+    assert gqa > 70 * per_token

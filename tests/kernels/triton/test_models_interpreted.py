@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(
 @pytest.mark.parametrize(
     ("name", "prompt_lens"),
     [("llama-tiny", "6,3"), ("moe-tiny", "6,3"), ("llama-tiny", "5,3,7,2"), ("llama-tiny", "40,33"),
-     ("llama-tiny", "70,5")],
+     ("llama-tiny", "70,5"), ("deepseek-v3-tiny", "6,3")],
 )  # fmt: skip
 def test_model_matches_the_reference_under_the_interpreter(name: str, prompt_lens: str) -> None:
     seed = int.from_bytes(os.urandom(4), "little")

@@ -240,7 +240,7 @@ def router_ties_case(mode: str, normalize: bool) -> None:
     """Tied logits pick the lower expert index; a non-power-of-two k; E up to the limit."""
     kf = kernel("topk_router", interpret=True)
     seed, rng = seeded("ROUTER_SEED")
-    for experts, k, ties in [(8, 3, True), (256, 8, True), (200, 5, False)]:
+    for experts, k, ties in [(8, 3, True), (256, 8, True), (200, 5, False), (384, 8, True)]:  # Kimi-K2: 384
         graph = router_graph(5, experts, k, DType.BF16, mode, normalize)
         logits = router_logits(rng, 5, experts, DType.BF16, ties)
         where = f"{mode} normalize={normalize} E={experts} k={k} ties={ties} (seed {seed})"
@@ -405,7 +405,8 @@ def test_launches_count_the_routing_ops_on_the_grouped_paths() -> None:
 def test_supports_limits() -> None:
     router, moe = kernel("topk_router", interpret=False), kernel("moe_ffn", interpret=False)
     assert router.supports(spec_of(router_graph(2, 256, 8, DType.BF16, "topk_softmax", False), CUDA))
-    assert not router.supports(spec_of(router_graph(2, 257, 2, DType.BF16, "topk_softmax", False), CUDA))
+    too_many = router.module.MAX_EXPERTS + 1
+    assert not router.supports(spec_of(router_graph(2, too_many, 2, DType.BF16, "topk_softmax", False), CUDA))
     assert not router.supports(spec_of(router_graph(2, 64, 9, DType.BF16, "topk_softmax", False), CUDA))
     assert not router.supports(
         spec_of(router_graph(2, 8, 2, DType.BF16, "topk_softmax", False), Target("cpu"))
