@@ -1,5 +1,7 @@
-"""The decode plans of the dense-family (issue #15) and MoE-family (issue #16) zoo entries compile for
-every GPU target without a GPU: device code for every kernel, resources stated, nothing spilled.
+"""The decode plans of the dense-family (issue #15), MoE-family (issue #16) and latent/sparse-attention
+(issue #17) zoo entries compile for every GPU target without a GPU: device code for every kernel,
+resources stated, nothing spilled; those of the MoE and latent families lower to HLO for trn2 that the
+checker passes (weights as parameters, no custom calls or host callbacks).
 
 Each plan is built over the shortest prefix of the model's layers that holds every kind of layer the
 whole model has (its window and rope, e.g. Gemma 3's five local layers then a global one), so the
@@ -24,20 +26,23 @@ from polymorph.models.config import ModelConfig
 pytest.importorskip("triton")
 
 MODELS = ["qwen3-8b", "gemma-3-12b", "mistral-small-24b", "phi-4-mini", "granite-3.3-8b",
-          "gpt-oss-20b", "gpt-oss-120b", "glm-4.5-air", "olmoe-1b-7b", "minimax-m2", "llama-4-scout"]  # fmt: skip
+          "gpt-oss-20b", "gpt-oss-120b", "glm-4.5-air", "olmoe-1b-7b", "minimax-m2", "llama-4-scout",
+          "deepseek-v3", "kimi-k2", "deepseek-v3.2", "glm-5"]  # fmt: skip
+HLO_MODELS = MODELS[5:]
 TARGETS = [("cuda", "h200", "cuda:sm_90"), ("cuda", "b200", "cuda:sm_100"),
            ("rocm", "mi300x", "rocm:gfx942"), ("rocm", "mi355x", "rocm:gfx950")]  # fmt: skip
 
 
-def layer_kind(cfg: ModelConfig, layer: int) -> tuple[int, int, str, bool]:
+def layer_kind(cfg: ModelConfig, layer: int) -> tuple[int, int, str, bool, bool]:
     rope = repr(cfg.layer_rope(layer)) if cfg.layer_uses_rope(layer) else "none"
-    return cfg.layer_window(layer), cfg.layer_chunk(layer), rope, cfg.layer_is_moe(layer)
+    shares = layer in cfg.indexer_shared_layers  # GLM-5 style: reuses the last indexer's choice
+    return cfg.layer_window(layer), cfg.layer_chunk(layer), rope, cfg.layer_is_moe(layer), shares
 
 
 def kinds_prefix(cfg: ModelConfig) -> int:
     """The fewest leading layers that hold every (window, rope) kind of the model."""
     every = {layer_kind(cfg, i) for i in range(cfg.num_hidden_layers)}
-    seen: set[tuple[int, int, str, bool]] = set()
+    seen: set[tuple[int, int, str, bool, bool]] = set()
     for i in range(cfg.num_hidden_layers):
         seen.add(layer_kind(cfg, i))
         if seen == every:
@@ -82,3 +87,16 @@ def test_decode_plan_compiles_without_spills(prefix_model, tmp_path: Path, backe
     code = {".cubin", ".ptx"} if backend == "cuda" else {".hsaco", ".amdgcn"}
     assert code <= {Path(f).suffix for f in artifact.files}
     assert not report["warnings"]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", HLO_MODELS)
+def test_trn2_hlo_of_the_moe_and_latent_families(name: str, tmp_path: Path) -> None:
+    pytest.importorskip("jax", reason="the neuron backend lowers through JAX")
+    from polymorph.backends.neuron import hlo
+
+    model = load_model(name, dtype="bf16")
+    model = dataclasses.replace(model, graph=model.rebuild(num_layers=kinds_prefix(model.config)))
+    api.compile(model, "neuron", "trn2", tmp_path, batch=1, ctx=4096)
+    check = hlo.check_hlo((tmp_path / "model.hlo.txt").read_text())
+    assert check.ok, (name, check.faults)
