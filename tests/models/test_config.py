@@ -440,7 +440,9 @@ def test_partial_rotary_inside_rope_parameters_and_per_layer_rope_are_refused(tm
     base = {"model_type": "llama", **TINY}
     rope = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}
     assert "partial_rotary_factor=0.25" in _error(tmp_path, {**base, "rope_parameters": rope})
-    assert "only phi3, glm4_moe, minimax_m2 rotate part of the head" in _error(tmp_path, {**base, "rope_parameters": rope})
+    assert "only phi3, glm4_moe, minimax_m2 rotate part of the head" in _error(
+        tmp_path, {**base, "rope_parameters": rope}
+    )
     nested = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
     assert "rope per layer type (full_attention, sliding_attention)" in _error(
