@@ -1,6 +1,14 @@
 """The general ops (polymorph/ir/general_ops.py) through torch, one node per group: elementwise and
 comparison, reductions, complex matmul, convolution, pooling, resize, norms, indexing, layout and FFT.
-Floats compute in float32 (complex in complex64) and are written into the output's dtype."""
+Floats compute in float32 (complex in complex64) and are written into the output's dtype.
+
+The configs (the first, {}, is the stock one; a key for another op family than the group's is inert):
+  conv: "im2col"         the patches unfolded by strides into [N, G, *O, C/G * K] and one matmul
+                         per group, instead of torch's convolution (another summation order: within
+                         the op tolerance, not bit-identical to the stock config)
+  conv: "channels_last"  torch's convolution on channels-last (NHWC, NDHWC) tensors
+  reduce: "f64"          reduce_sum, reduce_mean and reduce_var accumulate in float64 and round once
+                         (more accurate than the stock f32 accumulation, so not bit-identical to it)"""
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +16,8 @@ import torch.nn.functional as F
 from polymorph.ir.general_ops import GENERAL_OPS
 
 IMPLEMENTS = tuple(GENERAL_OPS)  # every op of the closed set, one kernel for all
-CONFIGS = [{}]
+CONFIGS = [{}, {"conv": "im2col"}, {"conv": "channels_last"}, {"reduce": "f64"}]
+_CONFIG_VALUES = {"conv": ("direct", "im2col", "channels_last"), "reduce": ("f32", "f64")}
 
 _UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
@@ -88,13 +97,39 @@ def _resize(x, attrs):
     return y.reshape(*lead, *size)
 
 
+def _conv_im2col(x, w, b, attrs):
+    """conv as im2col + matmul. x: [N, C, *S], w: [O, C/G, *K] (, b: [O]) -> [N, O, *Out]."""
+    n = x.dim() - 2
+    groups = attrs["groups"]
+    stride, padding, dilation = attrs["stride"], attrs["padding"], attrs["dilation"]
+    kernel = w.shape[2:]
+    pad = [p for i in reversed(range(n)) for p in (padding[i], padding[i])]  # F.pad: last dim first
+    cols = F.pad(x, pad) if any(padding) else x
+    for i in range(n):  # each spatial dim d -> [.., Out_d, ..] with its window appended last
+        extent = dilation[i] * (kernel[i] - 1) + 1
+        cols = cols.unfold(2 + i, extent, stride[i])[..., :: dilation[i]]
+    # cols: [N, C, *Out, *K] -> [N, G, *Out, C/G * prod(K)]
+    batch, channels = x.shape[:2]
+    out_sizes = cols.shape[2 : 2 + n]
+    cols = cols.reshape(batch, groups, channels // groups, *out_sizes, *kernel)
+    order = [0, 1, *range(3, 3 + n), 2, *range(3 + n, 3 + 2 * n)]
+    cols = cols.permute(order).reshape(batch, groups, *out_sizes, -1)
+    # w: [O, C/G, *K] -> [G, C/G * prod(K), O/G]
+    wg = w.reshape(groups, w.shape[0] // groups, -1).transpose(1, 2)
+    flat = cols.reshape(batch, groups, -1, cols.shape[-1])  # [N, G, prod(Out), C/G * prod(K)]
+    y = torch.matmul(flat, wg[None])  # [N, G, prod(Out), O/G]
+    y = y.permute(0, 1, 3, 2).reshape(batch, w.shape[0], *out_sizes)
+    return y + b.reshape(1, -1, *([1] * n)) if b is not None else y
+
+
 def _slice_index(x, attrs):
     index = [slice(None)] * x.dim()
     index[attrs["axis"] % x.dim()] = slice(attrs["start"], attrs["end"], attrs["step"])
     return tuple(index)
 
 
-def compute(op, xs, attrs, out):
+def compute(op, xs, attrs, out, config=None):
+    config = config or {}
     if op in _UNARY:
         return _UNARY[op](_num(xs[0]))
     if op == "div":
@@ -106,6 +141,8 @@ def compute(op, xs, attrs, out):
         return torch.where(xs[0], _num(xs[1]), _num(xs[2]))
     if op in _REDUCE:
         x = _num(xs[0])
+        if config.get("reduce") == "f64" and op in ("reduce_sum", "reduce_mean") and x.is_floating_point():
+            x = x.double()
         return _REDUCE[op](x, dim=_axes(x, attrs), keepdim=attrs["keepdims"])
     if op in ("reduce_prod", "reduce_any", "reduce_all"):
         x = _num(xs[0])
@@ -114,7 +151,7 @@ def compute(op, xs, attrs, out):
             x = fn(x, dim=axis, keepdim=attrs["keepdims"])
         return x
     if op == "reduce_var":
-        x = xs[0].float()
+        x = xs[0].double() if config.get("reduce") == "f64" else xs[0].float()
         return torch.var(x, dim=_axes(x, attrs), correction=attrs["correction"], keepdim=attrs["keepdims"])
     if op == "cumsum":
         return torch.cumsum(_num(xs[0]), dim=attrs["axis"])
@@ -125,6 +162,12 @@ def compute(op, xs, attrs, out):
     if op == "conv":
         x, w = xs[0].float(), xs[1].float()
         b = xs[2].float() if len(xs) == 3 else None
+        impl = config.get("conv", "direct")
+        if impl == "im2col":
+            return _conv_im2col(x, w, b, attrs)
+        if impl == "channels_last" and x.dim() in (4, 5):
+            fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
         fn = (F.conv1d, F.conv2d, F.conv3d)[x.dim() - 3]
         return fn(x, w, b, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"])
     if op in ("max_pool", "avg_pool"):
@@ -186,6 +229,12 @@ def _wrap(idx, size):
 
 
 def build(spec, config, target):
+    for key, value in config.items():
+        if value not in _CONFIG_VALUES.get(key, ()):
+            raise ValueError(
+                f"general.py has no config {key}={value!r}; its keys: "
+                + "; ".join(f"{k}: {', '.join(v)}" for k, v in _CONFIG_VALUES.items())
+            )
     node = spec.single
     args = spec.args(node)
     attrs = spec.attrs()
@@ -193,7 +242,7 @@ def build(spec, config, target):
 
     def launch(inputs, outputs, scratch):
         out = outputs[0]
-        y = compute(op, [inputs[i] for i in args], attrs, out)
+        y = compute(op, [inputs[i] for i in args], attrs, out, config)
         out.copy_(y.to(out.dtype) if y.dtype != out.dtype else y)
 
     return launch

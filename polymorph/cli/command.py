@@ -264,7 +264,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from polymorph.knobs import knobs
 
     if tensors.is_program(args.model):
+        if args.exact:
+            return _verify_program_exact(args)
         return tensors.cmd_verify_program(args)  # against the program run by PyTorch
+    if args.exact:
+        raise UserError("--exact verifies a torch.export .pt2 program; an LLM's `verify` compares within "
+                        "tolerance (bit-exact LLM candidates: `tune --exact`, `engine swap --exact`)")  # fmt: skip
 
     backend = args.backend or knobs.backend
     model = api.as_model(args.model, dtype=args.dtype or _default_dtype(backend))
@@ -288,6 +293,69 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if bad is not None:
         raise CheckFailed(f"{model.name} on {backend}: {bad.step}: {bad.comparison}")
     console.line(f"{model.name} on {backend}: logits match the reference at every step")
+    return 0
+
+
+EXACT_ROUNDS = 3  # fresh input draws of `verify FILE.pt2 --exact`, each run twice
+
+
+def _verify_program_exact(args: argparse.Namespace) -> int:
+    """The plan on the backend, run twice on each of EXACT_ROUNDS fresh draws (the first the --inputs
+    given, if any): the two runs must agree byte for byte. Against PyTorch eager each output is
+    reported bitwise equal, or within the model tolerance (another kernel may sum in another order),
+    or a mismatch; a mismatch or a disagreement between runs fails."""
+    import numpy as np
+
+    from polymorph import api
+    from polymorph.cli import tensors
+    from polymorph.frontend import load_pt2
+    from polymorph.frontend.tensors import bind_inputs
+    from polymorph.ir.dtypes import DType
+    from polymorph.knobs import knobs
+    from polymorph.pipeline.backend import registry
+    from polymorph.verify.tolerance import compare, model_tolerance
+
+    backend = args.backend or knobs.backend
+    model = load_pt2(args.model, dtype=args.dtype)
+    artifact = api.compile(model, backend)
+    exe = registry.get(artifact.plan.backend).load(artifact, model.weights())
+    seed = int(np.random.default_rng().integers(2**31)) if args.seed is None else args.seed
+    rows, bad = [], None
+    for r in range(EXACT_ROUNDS):
+        given = tensors._read_inputs(args.inputs) if args.inputs and r == 0 else None
+        inputs = bind_inputs(model, given if given is not None else model.example_inputs(seed + r))
+        first, second, eager = exe.run(dict(inputs)), exe.run(dict(inputs)), model.run_program(inputs)
+        for name in model.graph.outputs:
+            a, b, want = np.asarray(first[name]), np.asarray(second[name]), eager[name]
+            same = a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+            runs = "bitwise equal" if same else "DIFFER"
+            if a.dtype == want.dtype and a.shape == want.shape and a.tobytes() == want.tobytes():
+                vs = "bitwise equal"
+            else:
+                dtype = model.graph.types()[model.graph.outputs[name]].dtype
+                tol = model_tolerance(DType.F32 if dtype == DType.C64 else dtype)
+                wide = np.complex128 if np.iscomplexobj(want) else np.float64
+                x, y = a.astype(wide), want.astype(wide)
+                if np.iscomplexobj(want):
+                    x, y = np.stack([x.real, x.imag]), np.stack([y.real, y.imag])
+                c = compare(x, y, tol)
+                vs = f"within tolerance (max abs err {c.max_abs:.3g})" if c.ok else f"MISMATCH: {c}"
+                if not c.ok and bad is None:
+                    bad = f"{name} on draw {r}: {c}"
+            if not same and bad is None:
+                bad = f"{name} on draw {r}: two runs on the same inputs differ (not deterministic)"
+            rows.append((name, str(r), runs, vs))
+    console.table(
+        f"verify --exact {model.name} on {backend}: {EXACT_ROUNDS} fresh draws (seed {seed}), each run twice",
+        ["output", "draw", "two runs", "against PyTorch eager"],
+        rows,
+    )
+    if bad is not None:
+        raise CheckFailed(f"{model.name} on {backend}: {bad}")
+    eager_bits = all(row[3] == "bitwise equal" for row in rows)
+    console.line(f"{model.name} on {backend}: deterministic, bit for bit, over {EXACT_ROUNDS} draws; "
+                 + ("bitwise equal to PyTorch eager" if eager_bits else "within tolerance of PyTorch eager, "
+                    "not bitwise equal to it everywhere"))  # fmt: skip
     return 0
 
 
@@ -349,7 +417,8 @@ def cmd_engine_swap(args: argparse.Namespace) -> int:
     except RecursionError:
         raise UserError("--config is JSON nested too deeply; it must be a JSON object") from None
     with Controller.attach(_engine_address(args), budget_s=args.budget) as engine:
-        swap, gate = engine.try_candidate(args.group, args.kernel, config, seed=args.seed)
+        exact = {"exact": True} if args.exact else {}
+        swap, gate = engine.try_candidate(args.group, args.kernel, config, seed=args.seed, **exact)
         replaced = engine.restarts
     if swap.fault is not None:
         raise CheckFailed(f"{args.kernel} rejected at {swap.fault.stage}: {swap.fault.cause}")
@@ -446,7 +515,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out=Path(args.out), board=args.board, registry=args.registry or knobs.registry, seed=args.seed,
         agent_command=args.agent_command, agent_endpoint=args.agent_endpoint, agent_model=args.agent_model,
         agent_api_key=knobs.agent_api_key, agent_calls=args.agent_calls, wait_for_posts=args.wait_for_posts,
-        force=args.force,
+        force=args.force, exact=args.exact,
     )  # fmt: skip
     view = ProgressView()
     try:
@@ -532,6 +601,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(c)
     c.add_argument("--seed", type=int, help="token seed (default: fresh random tokens every run)")
     c.add_argument("--inputs", metavar="IN.npz", help="a .pt2 program's inputs (default: fresh random ones)")
+    c.add_argument("--exact", action="store_true",
+                   help="bit-exact mode for a .pt2 program: the plan runs twice on each of "
+                   f"{EXACT_ROUNDS} fresh draws (the first --inputs, if given) and the runs must agree byte "
+                   "for byte (-0.0 is not 0.0, NaN payloads count); each output is reported bitwise equal "
+                   "to PyTorch eager or only within tolerance of it (a mismatch fails)")  # fmt: skip
     c = command("demo", cmd_demo, "the tour: graph, compiles for four chips, verify, hot swap, short tune")
     c.add_argument("--model", default="llama-tiny",
                    help="zoo name or Hugging Face checkpoint folder (default llama-tiny, random weights)")  # fmt: skip
@@ -583,6 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("kernel", help="the candidate kernel file")
     e.add_argument("--config", help="kernel config as JSON (default: the file's first)")
     e.add_argument("--seed", type=int, help="token seed of the gate (default: fresh random tokens)")
+    e.add_argument("--exact", action="store_true",
+                   help="bit-exact mode: the candidate's outputs must equal the stock kernel's byte for "
+                   "byte on fresh inputs and a repeated run (the `exact` gate)")  # fmt: skip
     e = engine_command("measure", cmd_engine_measure, "time the engine as it stands")
     e.add_argument("--tier", choices=("fast", "slow"), default="slow")
     e.add_argument("--trials", type=int, default=20)
@@ -590,10 +667,14 @@ def build_parser() -> argparse.ArgumentParser:
     engine_command("status", cmd_engine_status, "what the engine holds")
     engine_command("stop", cmd_engine_stop, "stop the engine")
     c = command("tune", cmd_tune, "tune a model: agents propose, engines gate and measure, winners are kept")
-    c.add_argument("model", help="zoo name, Hugging Face model directory, or IR .json file")
+    c.add_argument("model", help="zoo name, Hugging Face model directory, IR .json or torch.export .pt2 file "
+                   "(a program's one bucket: its example inputs' shapes)")  # fmt: skip
     c.add_argument("--backend", help="backend name (default: POLYMORPH_BACKEND or cpu)")
     c.add_argument("--target", help="chip profile id (default: the backend's first)")
     c.add_argument("--traffic", help="traffic shape TOML: its buckets are tuned, heaviest first")
+    c.add_argument("--exact", action="store_true",
+                   help="bit-exact mode: keep only candidates whose outputs equal the stock kernel's byte for "
+                   "byte on fresh inputs, deterministically (the registry's champions are not warm-started)")  # fmt: skip
     c.add_argument("--dtype", help="weight and activation dtype (default f32 on cpu, bf16 elsewhere)")
     c.add_argument("--batch", type=int)
     c.add_argument("--ctx", type=int)

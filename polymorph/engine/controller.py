@@ -604,7 +604,15 @@ class Controller:
 
     @property
     def vocab(self) -> int:
+        if self.program:
+            return 1  # no tokens: the draws' token ids, which no input of a program takes, need one value
         return int(self.graph.params["model.embed_tokens.weight"].shape[0])
+
+    @property
+    def program(self) -> bool:
+        """Whether the loaded model is an imported program (torch.export): no tokens, no cache, no
+        logits; its one bucket is its example inputs' shapes."""
+        return self.graph.meta.get("source") == "torch.export"
 
     def plan_group(self, group: str) -> dict[str, Any]:
         """{id, pattern, kernel, nodes, inputs, outputs} of a group of the loaded plan."""
@@ -816,18 +824,25 @@ class Controller:
         return answer_logits(r, len(scenario))
 
     def try_candidate(
-        self, group: str, path: str | Path, config: dict[str, Any] | None = None, *, seed: int | None = None
+        self,
+        group: str,
+        path: str | Path,
+        config: dict[str, Any] | None = None,
+        *,
+        seed: int | None = None,
+        exact: bool = False,
     ) -> tuple[SwapResult, GateReport | None]:
         """Swap, run every gate of `polymorph.engine.gates` (each outcome recorded in the report, each
         failure in `faults`), and only then time the group with the timing gates. The candidate stays
         in only when all pass; the report's `measurement` is the timing that counts. Whatever the
         verdict, the worker it ran in is retired afterwards (a fresh fork of the loaded zygote takes its
-        place with the accepted candidates)."""
+        place with the accepted candidates). `exact`: bit-exact mode, the `exact` gate too (outputs
+        byte for byte the stock kernel's)."""
         swap = self.swap(group, path, config)
         if not swap.ok:
             self._retire_touched()
             return swap, None
-        report = run_gates(self, group, swap.kernel, config, seed=seed)
+        report = run_gates(self, group, swap.kernel, config, seed=seed, exact=exact)
         self.faults += report.faults
         if report.ok:
             self.accepted[group] = self.pending.pop(group)

@@ -43,6 +43,15 @@ its cause:
   honesty.tamper            the worker's clocks and the functions of torch and numpy are the ones it
                             was loaded with
   state.weights             every weight holds the bytes it held at load
+  exact                     bit-exact mode only (`--exact`): on every case of the group gates (fresh
+                            inputs) and on a repeated run, the candidate's outputs equal the stock
+                            kernel's byte for byte (-0.0 is not 0.0, NaN payloads count); a stock
+                            kernel that is not bitwise deterministic here sets no bar, and fails it
+
+An imported program (torch.export: no tokens, no cache) is gated at its example inputs' shapes, the
+one shape it has: the group gates run on those, and quality and kv_isolation, which teacher-force
+tokens and read a cache, are "skipped" as not applicable. A program group whose inputs cannot be
+drawn (an integer input of no known meaning) fails the group gates: nothing else would judge it.
 
 The timing gates run only when every gate before them passed; their measurement is the one that
 counts. The integrity gates (sandbox, tamper, weights) run last, whatever came before, unless the
@@ -95,11 +104,19 @@ ROOFLINE = "timing.roofline"
 SANDBOX = "sandbox"
 TAMPER = "honesty.tamper"
 WEIGHTS = "state.weights"
+EXACT = "exact"
 GROUP_GATES = (NUMERICS, INPUTS_UNCHANGED, INPUT_DEPENDENCE, OUTPUT_PREFILL, COMPLETION, DETERMINISM)
+EXACT_GROUP_GATES = (*GROUP_GATES, EXACT)  # the group stage in bit-exact mode
 MODEL_GATES = (QUALITY, KV_ISOLATION)
 TIMING_GATES = (CHECKED, ROOFLINE)
 INTEGRITY_GATES = (SANDBOX, TAMPER, WEIGHTS)
-STAGES = {GROUP_GATES: "group", MODEL_GATES: "model", TIMING_GATES: "timing", INTEGRITY_GATES: "integrity"}
+STAGES = {
+    GROUP_GATES: "group",
+    EXACT_GROUP_GATES: "group",
+    MODEL_GATES: "model",
+    TIMING_GATES: "timing",
+    INTEGRITY_GATES: "integrity",
+}
 
 GUARD_WHERE = (
     " (the guard block, blocks no sequence owns, slots past a sequence's last token, or blocks that slid"
@@ -167,14 +184,22 @@ class GateReport:
 
 
 def run_gates(
-    engine: Controller, group: str, kernel: str, config: dict[str, Any] | None, *, seed: int | None = None
+    engine: Controller,
+    group: str,
+    kernel: str,
+    config: dict[str, Any] | None,
+    *,
+    seed: int | None = None,
+    exact: bool = False,
 ) -> GateReport:
-    """Every gate on the candidate swapped into `group`; the report's faults are the failed gates'.
-    Swapping back (or accepting) and retiring the worker are the caller's."""
+    """Every gate on the candidate swapped into `group` (with `exact`, the bit-exact gate too); the
+    report's faults are the failed gates'. Swapping back (or accepting) and retiring the worker are
+    the caller's."""
     run = _Run(engine, group, kernel, config, np.random.default_rng(seed), seed)
+    run.exact = exact
     report = GateReport(group, kernel)
     stages: list[tuple[tuple[str, ...], Callable[[], list[Gate]]]] = [
-        (GROUP_GATES, run.group_gates),
+        (EXACT_GROUP_GATES if exact else GROUP_GATES, run.group_gates),
         (MODEL_GATES, run.model_gates),
         (TIMING_GATES, lambda: run.timing_gates(report)),
         (INTEGRITY_GATES, run.integrity_gates),
@@ -272,6 +297,8 @@ class _Run:
         self.steps: list[StepCheck] = []
         self.allowed = 0.0  # the worst error the numerics gate allowed (the timed calls' bar)
         self._scenario: list[ScenarioStep] | None = None
+        self.exact = False  # bit-exact mode: the `exact` gate runs with the group gates
+        self.program = self.graph.meta.get("source") == "torch.export"  # no tokens, no cache
 
     @property
     def scenario(self) -> list[ScenarioStep]:
@@ -303,6 +330,8 @@ class _Run:
         common = {"block_size": int(loaded["block_size"]), "bucket_ctx": int(loaded["bucket"]["ctx"]),
                   "vocab": self.engine.vocab}  # fmt: skip
         try:
+            if self.program:
+                return self._program_group_gates(common)
             ctx = int(loaded["bucket"]["ctx"])
             fixed = [shape for shape in _shapes(batch) if shape[1] <= ctx]  # no chunk past the context
             draws = [
@@ -319,12 +348,33 @@ class _Run:
             draws.append((long_shape, LONGEST, *draw(self.ginfo, self.rng, long_shape, "normal",
                                                      longest=True, **common)))  # fmt: skip
         except Undrawable as e:
-            return [
+            skipped = [
                 Gate(n, "skipped", f"not applicable: {e}; the quality gate covers it") for n in GROUP_GATES
             ]
+            if self.exact:  # no case to compare bytes on: bit-exactness cannot be shown
+                skipped.append(Gate(EXACT, "fail", f"no inputs to compare the stock kernel's bytes on: {e}"))
+            return skipped
         captured = self._captured()
         if captured is not None:
             draws.append(captured)
+        return self._group_cases(draws)
+
+    def _program_group_gates(self, common: dict[str, int]) -> list[Gate]:
+        """A program's group at its one shape (its example inputs'): every distribution, and PROGRAM_DRAWS
+        more fresh normal draws. Undrawable fails here: no model gate covers a program's group."""
+        try:
+            draws = [
+                (PROGRAM_SHAPE, dist, *draw(self.ginfo, self.rng, PROGRAM_SHAPE, dist, **common))
+                for dist in (*DISTRIBUTIONS, *[DISTRIBUTIONS[0]] * PROGRAM_DRAWS)
+            ]
+        except Undrawable as e:
+            names = EXACT_GROUP_GATES if self.exact else GROUP_GATES
+            return _fail_rest(names, NUMERICS, f"cannot judge this group of a program: {e}")
+        return self._group_cases(draws)
+
+    def _group_cases(
+        self, draws: list[tuple[tuple[int, int], str, list[np.ndarray | None], dict[str, int]]]
+    ) -> list[Gate]:
         cases: list[_Case] = []
         for shape, dist, inputs, bindings in draws:
             want = self._reference(inputs, bindings)
@@ -351,6 +401,9 @@ class _Run:
         gates.append(_output_prefill(zero, settled, deterministic, self._allowed(first)[0]))
         gates.append(_completion(late))
         gates.append(_determinism(first.got, again, deterministic))
+        if self.exact:
+            self.current = EXACT
+            gates.append(_exact(cases, again, stock_again, deterministic, self.program))
         return gates
 
     def _inputs_unchanged(self, cases: list[_Case]) -> Gate:
@@ -375,6 +428,8 @@ class _Run:
         """A case on the activations the reference computed for this group's inputs in a run of the
         whole model (the scenario's last run, as real tokens give them: not a synthetic distribution),
         or None where that run has no value of some input (the last-token slice's, say)."""
+        if self.program:
+            return None  # no scenario: a program has no tokens to run the model on
         values = next((s.values for s in self.scenario if s.values), None)
         if not values:
             return None
@@ -418,7 +473,7 @@ class _Run:
                 worst = max(worst, err)
                 if err <= allowed:
                     continue
-                where = f"output {i} on {case.dist} inputs at batch {case.shape[0]}, seq {case.shape[1]}"
+                where = f"output {i} on {case.dist} inputs {_at(case, self.program)}"
                 if np.isnan(got).any():
                     n = int(np.isnan(got).sum())
                     return Gate(
@@ -434,6 +489,9 @@ class _Run:
         shapes = sorted({c.shape for c in cases if c.dist not in (CAPTURED, LONGEST)})
         captured = [c.shape for c in cases if c.dist == CAPTURED]
         also = f"; activations captured from a run of the model at {captured[0]}" if captured else ""
+        if self.program:
+            return Gate(NUMERICS, "pass", f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} and fresh normal "
+                        f"draws at the program's shapes): worst error {worst:.3g}")  # fmt: skip
         longest = next(c for c in cases if c.dist == LONGEST)
         return Gate(
             NUMERICS,
@@ -445,6 +503,12 @@ class _Run:
     # --- the whole model -----------------------------------------------------------------------------
 
     def model_gates(self) -> list[Gate]:
+        if self.program:
+            return [
+                Gate(QUALITY, "skipped", "not applicable: an imported program has no tokens or logits to "
+                     "teacher-force; its group was judged on fresh inputs at the program's shapes"),
+                Gate(KV_ISOLATION, "skipped", "not applicable: an imported program has no cache"),
+            ]  # fmt: skip
         scenario = self.scenario
         blame = {self.group: self.kernel}
         self.current = QUALITY
@@ -679,6 +743,13 @@ MAX_CASE_ROWS = 64
 
 
 RANDOM_SHAPES = 4  # chunk shapes drawn afresh for every candidate, besides the fixed ones
+# An imported program has one (static) shape, its example inputs'; its cases carry this placeholder.
+PROGRAM_SHAPE = (1, 1)
+PROGRAM_DRAWS = 2  # fresh normal draws of a program's group besides one of each distribution
+
+
+def _at(case: _Case, program: bool) -> str:
+    return "at the program's shapes" if program else f"at batch {case.shape[0]}, seq {case.shape[1]}"
 
 
 def _shapes(batch: int) -> list[tuple[int, int]]:
@@ -788,3 +859,47 @@ def _determinism(first: list[np.ndarray], again: list[np.ndarray], stock_determi
             DETERMINISM, "fail", "two runs on the same inputs differ; the stock kernel's agree bitwise"
         )
     return Gate(DETERMINISM, "pass", "two runs on the same inputs agree bitwise")
+
+
+def _exact(
+    cases: list[_Case],
+    again: list[np.ndarray],
+    stock_again: list[np.ndarray],
+    deterministic: bool,
+    program: bool,
+) -> Gate:
+    """Bit-exact mode: every case's outputs byte for byte the stock kernel's (run on a fork the
+    candidate never touched), and a repeated run's too."""
+    if not deterministic:
+        return Gate(EXACT, "fail", "the stock kernel is not bitwise deterministic here: two of its runs on "
+                    "the same inputs differ, so there are no stock bytes to match")  # fmt: skip
+    runs = [(c.got, c.stock, f"{c.dist} inputs {_at(c, program)}") for c in cases]
+    runs.append((again, stock_again, f"a repeated run on the {cases[0].dist} inputs"))
+    for got, stock, where in runs:
+        for i, (a, b) in enumerate(zip(got, stock, strict=True)):
+            if a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes():
+                continue
+            if a.shape != b.shape or a.dtype != b.dtype:
+                what = f"{a.dtype}{list(a.shape)} where the stock kernel's is {b.dtype}{list(b.shape)}"
+            else:
+                ab, bb = (np.ascontiguousarray(t).view(np.uint8).reshape(t.size, -1) for t in (a, b))
+                differ = int((ab != bb).any(axis=1).sum())
+                worst = _max_difference(a, b)
+                what = f"{differ}/{a.size} elements differ from the stock kernel's in their bytes{worst}"
+            return Gate(EXACT, "fail", f"not bit-exact: output {i} on {where}: {what} (bit-exact mode "
+                        "compares bytes: -0.0 is not 0.0, NaN payloads count)")  # fmt: skip
+    return Gate(
+        EXACT, "pass", f"byte for byte the stock kernel's outputs on {len(cases)} cases and a repeated run"
+    )
+
+
+def _max_difference(a: np.ndarray, b: np.ndarray) -> str:
+    """ "; max abs difference X" over the elements finite in both, where there is one to give."""
+    try:
+        wide = np.complex128 if a.dtype.kind == "c" else np.float64
+        x, y = a.astype(wide), b.astype(wide)
+        both = np.isfinite(x) & np.isfinite(y)
+        diff = np.abs(x[both] - y[both])
+    except (TypeError, ValueError):
+        return ""
+    return f"; max abs difference {diff.max():.3g}" if diff.size and diff.max() > 0 else ""

@@ -8,6 +8,13 @@ baseline, the registry's champion for the same key (signature, bucket, profile, 
 next (warm start, re-verified here), then the built-in agents' proposals, largest predicted share
 first. A bucket whose every signature already has a champion is not tuned again, only re-verified.
 
+An imported program (a torch.export .pt2 file) has one bucket, its example inputs' shapes (static
+shapes only today; `ProgramBucket`), instead of traffic buckets: the engine and the gates run at
+those shapes. Its bucket is no registry key (those are traffic buckets), so its run neither reads nor
+writes the registry, and it has no decode step to A/B whole: each winner stands on its own gates.
+With `exact` (bit-exact mode) a candidate passes only where its outputs equal the stock kernel's byte
+for byte (the `exact` gate); the registry's champions, measured without that bar, are not read.
+
 Processes: this one (trusted: agents, posting, the registry, the final A/B) and `workers` worker
 processes, each owning one persistent engine (polymorph.engine) loaded at the bucket. A worker claims
 a candidate, swaps it into the signature's representative group, runs every gate
@@ -85,6 +92,7 @@ class TuneOptions:
     agent_calls: int = 1  # calls per op signature and bucket for each external agent
     wait_for_posts: bool = False  # run to the budget's end for posts by agents outside (`board post`)
     force: bool = False  # write into a non-empty --out that is not a previous tune output
+    exact: bool = False  # bit-exact mode: a candidate's outputs must equal the stock kernel's byte for byte
     # A started engine (polymorph.engine.Controller) loaded at this run's one bucket, model, backend,
     # chip and dtype (`polymorph demo`'s): the first worker is a thread of this process claiming on it
     # instead of a process starting an engine of its own, and the final A/B times on it too (a fresh
@@ -133,6 +141,36 @@ class BucketResult:
         return {**self.__dict__, "signatures": sigs}
 
 
+@dataclass(frozen=True)
+class ProgramBucket:
+    """The one bucket of an imported program: its example inputs' shapes, e.g. "shape-2x3x16x16" (a
+    scalar input is "s", inputs joined by "-"). No batch or context: the program's shapes are fixed."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    weight: float = 1.0
+    batch: None = None
+    ctx: None = None
+
+    @property
+    def id(self) -> str:
+        return "shape-" + "-".join("x".join(map(str, s)) or "s" for s in self.shapes)
+
+
+def program_bucket(model: str, traffic: Any, batch: int | None, ctx: int | None) -> ProgramBucket | None:
+    """`model`'s bucket when it is an imported program (a .pt2 file), else None."""
+    if not str(model).endswith(".pt2"):
+        return None
+    if traffic is not None or batch is not None or ctx is not None:
+        raise UserError(
+            f"{model} is an imported program: its bucket is its example inputs' shapes; --traffic, "
+            "--batch and --ctx choose an LLM's decode buckets"
+        )
+    from polymorph.frontend import load_pt2
+
+    graph = load_pt2(model).graph
+    return ProgramBucket(tuple(tuple(int(d) for d in t.shape) for t in graph.inputs.values()))
+
+
 @dataclass
 class TuneReport:
     model: str
@@ -142,6 +180,7 @@ class TuneReport:
     budget_s: float
     elapsed_s: float = 0.0
     buckets: list[BucketResult] = field(default_factory=list)
+    exact: bool = False  # bit-exact mode
 
     def to_json(self) -> dict[str, Any]:
         return {**{k: v for k, v in self.__dict__.items() if k != "buckets"},
@@ -190,7 +229,9 @@ def claim_loop(engine: Any, name: str, board_path: str, load: dict[str, Any], op
                 continue
             beat = _Heartbeat(board_path, cand.id, name, options["lease_s"])
             try:
-                ok, cause, measurements, gates = run_candidate(engine, cand, options["trials"], sources)
+                ok, cause, measurements, gates = run_candidate(
+                    engine, cand, options["trials"], sources, exact=bool(options.get("exact"))
+                )
             except Exception as e:  # the tuner's own failure on this candidate: recorded, the worker goes on
                 traceback.print_exc()
                 ok, cause, measurements, gates = False, f"error: {type(e).__name__}: {e}", {}, {}
@@ -226,12 +267,16 @@ class _Heartbeat:
         self._thread.join(timeout=5)
 
 
-def run_candidate(engine: Any, cand: Any, trials: int, sources: Path) -> tuple[bool, str, dict, dict]:
-    """Swap, gate (the timing gates' fast-tier measurement is the one that counts), put the stock kernel
-    back: (ok, cause, measurements, gates)."""
+def run_candidate(
+    engine: Any, cand: Any, trials: int, sources: Path, *, exact: bool = False
+) -> tuple[bool, str, dict, dict]:
+    """Swap, gate (the timing gates' fast-tier measurement is the one that counts; `exact`: bit-exact
+    mode), put the stock kernel back: (ok, cause, measurements, gates)."""
     path = store_source(sources, cand.source)
     group = cand.group.split("@", 1)[0]  # board_group: the node group, then its scope
-    swap, gate = engine.try_candidate(group, path, dict(cand.config) or None)
+    swap, gate = engine.try_candidate(
+        group, path, dict(cand.config) or None, **({"exact": True} if exact else {})
+    )
     gates = gate_summary(gate)
     if not swap.ok:
         return False, f"{swap.fault.stage}: {swap.fault.cause}" if swap.fault else "swap failed", {}, gates
@@ -294,7 +339,8 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
         raise UserError(
             f"`tune` measures on the device, and backend `{opts.backend}` cannot here: {probe.measure.reason}"
         )
-    buckets = buckets_of(opts.traffic, opts.batch, opts.ctx)
+    program = program_bucket(opts.model, opts.traffic, opts.batch, opts.ctx)
+    buckets = [program] if program is not None else buckets_of(opts.traffic, opts.batch, opts.ctx)
     claim_out(opts.out, "tune", force=opts.force)  # a previous tune's folder: this run resumes from it
     if opts.wait_for_posts:
         console.line(
@@ -305,7 +351,9 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     reg = Registry(opts.registry or opts.out / "registry.sqlite")
     if not opts.quiet:
         console.line(f"registry: {reg.path}; board: {opts.board or opts.out / 'board.sqlite'}")
-    report = TuneReport(opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s)
+    report = TuneReport(
+        opts.model, opts.backend, profile, toolchain(opts.backend), opts.budget_s, exact=opts.exact
+    )
     started = time.monotonic()
     try:
         for i, bucket in enumerate(buckets):
@@ -450,7 +498,9 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     artifact = api.compile(model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
     plan = artifact.plan
     spaces = group_spaces(plan, backend.language, predicted_times(artifact.report))
-    bucket_key = shape_bucket(bucket)
+    program = isinstance(bucket, ProgramBucket)
+    bucket_key = bucket.id if program else shape_bucket(bucket)
+    keyed = not program and not opts.exact  # this run's champions are the registry's to warm-start from
     result = BucketResult(bucket_key, bucket.weight)
     by_sig = {s.signature: SignatureResult(s.signature, list(s.groups), s.share) for s in spaces.spaces}
     result.signatures = list(by_sig.values())
@@ -466,7 +516,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     )  # for `polymorph mcp`
     stock_ids: dict[int, str] = {}
     champions = {
-        s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) for s in spaces.spaces
+        s.signature: reg.best(ChampionKey(s.signature, bucket_key, profile, tc)) if keyed else None
+        for s in spaces.spaces
     }
     # warm-start candidate id -> (the registry champion it re-verifies, whether it is this key's own)
     warm: dict[int, tuple[Champion, bool]] = {}
@@ -481,6 +532,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             warm[run.post(Proposal(space.signature, space.group, path, champ.config, "registry",
                               f"warm start: the registry's champion for this key ({champ.measurement.median_s * 1e6:.1f} us "
                               f"when recorded), re-verified here; it came from {champ.agent}: {champ.reasoning}"))] = (champ, True)  # fmt: skip
+            continue
+        if not keyed:
             continue
         key = ChampionKey(space.signature, bucket_key, profile, tc)
         for other in reg.related(key, kin_profiles(backend))[:RELATED_WARM_STARTS]:
@@ -501,7 +554,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     stop.unlink(missing_ok=True)
     options = {"stop": str(stop), "sources": str(opts.out / "sources"), "logs": str(opts.out / "logs"),
                "trials": opts.trials, "parent": os.getpid(),
-               "lease_s": opts.lease_s, "engine_budget_s": opts.engine_budget_s}  # fmt: skip
+               "lease_s": opts.lease_s, "engine_budget_s": opts.engine_budget_s, "exact": opts.exact}  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     procs: list[Any] = []
     shared = opts.engine if engine_fits(opts.engine, load) else None
@@ -536,7 +589,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     # start seen here says it needs to; within its share it times fewer steps per arm, never fewer pairs.
     # It is set aside only while some candidate beats stock: with none, there is nothing to A/B (both
     # arms would run the same plan) and the search runs to the budget's end.
-    ab_reserve = min(0.25 * budget_s, 120.0)
+    ab_reserve = 0.0 if program else min(0.25 * budget_s, 120.0)  # a program has no final A/B
     deadline = t0 + budget_s
     ready_s: float | None = None  # the first worker's start, until its first claim
     by_group = {g: space for space in spaces.spaces for g in space.groups}
@@ -586,7 +639,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             if ready_s is None and (run.trusted or board.candidates("claimed")):
                 ready_s = time.monotonic() - searching
             need = _ab_need(opts, result, 0.0 if shared else ready_s)  # a shared engine: no start
-            ab_reserve = max(ab_reserve, min(0.25 * budget_s, need))
+            ab_reserve = 0.0 if program else max(ab_reserve, min(0.25 * budget_s, need))
             deadline = t0 + budget_s - (ab_reserve if _winners(spaces.spaces, by_sig) else 0.0)
             if progress is not None:
                 progress(_progress(result, run, procs, deadline))
@@ -636,8 +689,11 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     result.agent_errors = [e for a in externals for e in a.errors]
     try:
         ab_began = time.monotonic()
-        result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run, deadline=t0 + budget_s,
-                              engine=shared)  # fmt: skip
+        if program:
+            result.ab = _program_ab(spaces.spaces, by_sig)
+        else:
+            result.ab = _final_ab(opts, profile, bucket, spaces.spaces, by_sig, run, deadline=t0 + budget_s,
+                                  engine=shared)  # fmt: skip
         result.spent_s["final_ab"] = time.monotonic() - ab_began
     except (UserError, EngineError) as e:  # a champion hung or crashed the engine in whole steps
         if shared is not None:
@@ -649,7 +705,9 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
         return result
     # Per-op champions go to the registry unless the final gate rejected them together.
-    if result.ab["gate"] == "passed" or result.ab.get("skipped"):  # skipped: each passed its own gates
+    if program:
+        pass  # a program's shape bucket is no registry key
+    elif result.ab["gate"] == "passed" or result.ab.get("skipped"):  # skipped: each passed its own gates
         _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
     if result.ab.get("verdict") == SLOWER and any(s.chosen for s in by_sig.values()):
         # Faster kernel by kernel, slower end to end in the same run (the whole interval above 1): the
@@ -895,6 +953,17 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
             "same_plan": not winners, "swapped_groups": swapped, "elapsed_s": time.perf_counter() - t0,
             "engine": "fresh" if own else "the search's",
             "gate": "passed" if gate is None or gate.ok else gate_cause(gate)}  # fmt: skip
+
+
+def _program_ab(spaces: list[GroupSpace], by_sig: dict) -> dict[str, Any]:
+    """An imported program's final A/B: none (no decode step to time whole, no scenario to gate the
+    winners together on); each winner passed its own gates at the program's shapes and is chosen."""
+    winners = _winners(spaces, by_sig)
+    for sig in winners:
+        by_sig[sig].chosen = True
+    return {"skipped": "an imported program has no decode step to time whole; each winner passed its own "
+                       "gates at the program's shapes", "gate": "not run", "speedup": None, "stock_s": [],
+            "tuned_s": [], "pairs": 0, "rounds": 0, "trials": 0, "same_plan": not winners}  # fmt: skip
 
 
 def engine_fits(engine: Any, load: Mapping[str, Any]) -> bool:

@@ -223,8 +223,11 @@ def test_cheating_posts_from_outside_are_rejected_by_the_gate_that_names_them(tm
     import threading
 
     adversarial = Path(__file__).parents[1] / "engine" / "adversarial"
-    tricks = {"detects_timing_rate.py": "timing.checked", "connects_tcp.py": "sandbox",
-              "leaves_daemon.py": "sandbox"}  # fmt: skip
+    # The rate detector skips its work on a call within 1 ms of its last: the timing rounds always call
+    # so, and the whole-model runs of quality and kv_isolation do where a step of llama-tiny is that
+    # fast (seen under a loaded CI): whichever gate comes first rejects it.
+    tricks = {"detects_timing_rate.py": ("timing.checked", "quality", "kv_isolation"),
+              "connects_tcp.py": ("sandbox",), "leaves_daemon.py": ("sandbox",)}  # fmt: skip
     out, registry = tmp_path / "run", tmp_path / "registry.sqlite"
     answers: dict[str, object] = {}
 
@@ -246,10 +249,10 @@ def test_cheating_posts_from_outside_are_rejected_by_the_gate_that_names_them(tm
     tune(TuneOptions(model="llama-tiny", budget_s=45, workers=1, out=out, trials=3, ab_trials=3,
                      registry=registry, wait_for_posts=True))  # fmt: skip
     poster.join(timeout=100)
-    for name, gate in tricks.items():
+    for name, named in tricks.items():
         result = answers.get(name)
         assert result is not None and not result.ok, (name, result)
-        assert result.cause.startswith(f"{gate}:"), (name, result.cause)
+        assert result.cause.startswith(tuple(f"{gate}:" for gate in named)), (name, result.cause)
     sources = {(adversarial / name).read_text() for name in tricks}
     reg = Registry(registry)
     assert not [c for c in reg.list() if c.source in sources]
