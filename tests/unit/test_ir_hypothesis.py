@@ -214,6 +214,48 @@ def step_rope(r: Recipe) -> None:
     r.op("rope", x, positions, **attrs)
 
 
+def step_attn_temperature(r: Recipe) -> None:
+    x, xt = rank4(r, lambda t: True, lambda: (r.dim(1, 2), r.dim(1, 3), r.dim(1, 2), r.dim()))
+    positions = r.input(r.draw(st.sampled_from(INTS)), xt.shape[:2], hi=300)
+    floor_scale = r.draw(st.sampled_from([4.0, 64.0, 8192.0]))
+    r.op("attn_temperature", x, positions, floor_scale=floor_scale, scale=r.draw(st.sampled_from([0.1, 1.5])))
+
+
+def step_head_linear(r: Recipe) -> None:
+    def fits(t: TensorType) -> bool:
+        return t.rank >= 2 and isinstance(t.shape[-2], int) and isinstance(t.shape[-1], int)
+
+    x, xt = r.take(
+        fits, lambda: (r.fdtype(), (r.dim(1, 2), r.draw(st.integers(1, 3)), r.draw(st.integers(1, 4))))
+    )
+    r.op("head_linear", x, r.param(xt.dtype, (xt.shape[-2], r.dim(), xt.shape[-1])))
+
+
+def _indexer(r: Recipe, p: Paged) -> str:
+    """indexer_topk over a fresh one-head indexer cache addressed like `p`'s caches."""
+    blocks, block_size = r.builder.graph.types()[p.states[0]].shape[:2]
+    heads, dim = r.draw(st.integers(1, 3)), r.draw(st.integers(1, 4))
+    cache = r.builder.state(r.fresh("indexer_cache"), p.dtype, (blocks, block_size, 1, dim))
+    q = r.input(r.fdtype(), (p.batch, p.seq, heads, dim))
+    weights = r.input(DType.F32, (p.batch, p.seq, heads))
+    k = r.draw(st.integers(1, 5))
+    return r.op("indexer_topk", q, cache, weights, p.table, p.positions, k=k, scale=dim**-0.5, reusable=False)
+
+
+def step_indexer_topk(r: Recipe) -> None:
+    _indexer(r, r.setup())
+
+
+def step_index_attention(r: Recipe) -> None:
+    """Attention over the positions an indexer chose: it always keeps a visible one (t <= p), so no
+    row attends to nothing."""
+    p = r.setup()
+    selected = _indexer(r, p)
+    rep = r.draw(st.integers(1, 2))
+    q = r.input(p.dtype, (p.batch, p.seq, p.kv_heads * rep, p.head_dim))
+    r.op("index_attention", q, *p.caches, p.table, p.positions, selected, scale=0.5)
+
+
 def step_kv_write(r: Recipe) -> None:
     p = r.setup()
     want = (p.batch, p.seq, p.kv_heads, p.head_dim)
@@ -444,6 +486,10 @@ STEPS: dict[str, Callable[[Recipe], None]] = {
     "kv_write": step_kv_write,
     "attention": step_attention,
     "cache_attention": step_cache_attention,
+    "attn_temperature": step_attn_temperature,
+    "head_linear": step_head_linear,
+    "indexer_topk": step_indexer_topk,
+    "index_attention": step_index_attention,
     "silu": step_silu,
     "gelu": step_gelu,
     "scale": step_scale,
