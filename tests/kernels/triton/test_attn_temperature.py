@@ -92,7 +92,9 @@ def positions_of(
     (p + 1 = k * floor_scale, and one either side), shuffled into the batch."""
     top = int(MULTIPLES * floor_scale)
     pos = rng.integers(0, top, shape[0] * shape[1])
-    edges = [int(k * floor_scale) - 1 + d for k in range(1, MULTIPLES) for d in (-1, 0, 1)]
+    # each multiple's boundary first (p + 1 = k * floor_scale: every factor appears even when the
+    # batch holds only a few edges), then the positions either side of them
+    edges = [int(k * floor_scale) - 1 + d for d in (0, -1, 1) for k in range(1, MULTIPLES)]
     edges = [e for e in edges if e >= 0][: pos.size // 2]
     pos[: len(edges)] = edges
     pos[len(edges)] = 0
