@@ -356,6 +356,12 @@ class ModelConfig:
             return None
         return self.moe_intermediate_size or self.intermediate_size
 
+    @property
+    def router_in_f32(self) -> bool:
+        """GLM-4.5's router and the DeepSeek-V3 line's (Glm4MoeTopkRouter, DeepseekV3TopkRouter and
+        their heirs) keep their weight in f32 and project the f32 activations, whatever the model dtype."""
+        return self.model_type in _GLM_MOE
+
     def layer_is_moe(self, layer: int) -> bool:
         """Whether `layer`'s feed-forward is the routed experts (else a dense MLP)."""
         return self.is_moe and layer not in self.dense_layers

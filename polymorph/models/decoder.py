@@ -48,10 +48,6 @@ def ffn_prefix(cfg: ModelConfig, layer: int) -> str:
     return f"model.layers.{layer}.{block}"
 
 
-def moe_prefix(cfg: ModelConfig, layer: int) -> str:
-    return ffn_prefix(cfg, layer)
-
-
 def router_name(cfg: ModelConfig) -> str:
     """The router projection's module under the MoE block (`gate`; gpt-oss and Llama 4: `router`)."""
     return "router" if cfg.model_type in ("gpt_oss", "llama4_text") else "gate"
@@ -66,7 +62,7 @@ def l2_norm_name(layer: int) -> str:
 def selection_bias_name(cfg: ModelConfig, layer: int) -> str:
     """The correction bias of a sigmoid router: under the router (GLM-4.5) or the block (MiniMax-M2)."""
     under = "" if cfg.model_type == "minimax_m2" else ".gate"
-    return f"{moe_prefix(cfg, layer)}{under}.e_score_correction_bias"
+    return f"{ffn_prefix(cfg, layer)}{under}.e_score_correction_bias"
 
 
 def build_decoder(
@@ -150,12 +146,10 @@ def build_decoder(
 
     def moe(n: str, i: int, h: str) -> str:
         """The routed experts of layer i: the router's top-k, then each token's experts, weighted."""
-        mp, e, f = moe_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
+        mp, e, f = ffn_prefix(cfg, i), cfg.num_experts, cfg.expert_intermediate_size
         assert e is not None and f is not None
         router = f"{mp}.{router_name(cfg)}"
-        if cfg.model_type in ("glm4_moe", "deepseek_v3") and dtype != DType.F32:
-            # Glm4MoeTopkRouter and DeepseekV3TopkRouter keep their weight in f32 and project the f32
-            # activations
+        if cfg.router_in_f32 and dtype != DType.F32:
             h32 = g.op("cast", f"{n}.moe.router_in", h, dtype="f32")
             logits = g.op("linear", f"{n}.moe.router", h32, g.param(f"{router}.weight", DType.F32, (e, d)))
         else:
@@ -339,7 +333,7 @@ def build_decoder(
             y = moe(n, i, h)
             if cfg.shared_expert_size:  # GLM-4.5, Llama 4: shared experts on every token, added
                 module = "shared_expert" if cfg.model_type == "llama4_text" else "shared_experts"
-                shared = f"{moe_prefix(cfg, i)}.{module}"
+                shared = f"{ffn_prefix(cfg, i)}.{module}"
                 y = g.op(
                     "add", f"{n}.moe.shared_add", y, mlp(f"{n}.moe.shared", h, shared, cfg.shared_expert_size)
                 )
