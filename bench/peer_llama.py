@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from polymorph.ir.ops import OPS, normalize_attrs
 from polymorph.ir.reference import rope_inv_freq
 from polymorph.models.config import ModelConfig
-from polymorph.models.decoder import expert_param_names, moe_prefix
+from polymorph.models.decoder import expert_param_names, ffn_prefix
 
 
 class PeerLlama(torch.nn.Module):
@@ -94,7 +94,7 @@ class PeerLlama(torch.nn.Module):
     def _experts(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         """Mixtral's sparse MLP: top-k of the router logits, softmax over the k, SwiGLU experts."""
         cfg, w = self.cfg, self.w
-        mp = moe_prefix(cfg, layer)
+        mp = ffn_prefix(cfg, layer)
         wg, wu, wd = (w[n] for n in expert_param_names(mp))  # [E, F, D], [E, F, D], [E, D, F]
         logits = F.linear(h, w[f"{mp}.gate.weight"]).float()  # [B, S, E]
         vals, idx = logits.topk(cfg.num_experts_per_tok, dim=-1)

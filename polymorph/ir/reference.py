@@ -367,9 +367,26 @@ def _topk(x: Array, k: int) -> tuple[Array, Array]:
     return np.take_along_axis(x, idx, axis=-1), idx.astype(np.int32)
 
 
-def _sigmoid(x: Array) -> Array:
+def sigmoid(x: Array) -> Array:
     with np.errstate(over="ignore"):  # exp(-x) of a large negative x is inf: sigmoid 0
         return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def sigmoid_choice(scores: Array, bias: Array | None, a: Mapping) -> tuple[Array, Array | None]:
+    """What sigmoid_topk chooses its experts by: scores (+ bias), -inf outside the kept groups; and the
+    group scores (the sum of each group's two best) where the router has groups, else None."""
+    choice = scores + bias if bias is not None else scores
+    groups = a["groups"]
+    if groups <= 1:
+        return choice, None
+    e = choice.shape[-1]
+    grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)
+    best2, _ = _topk(grouped, 2)
+    group_scores = best2.sum(axis=-1)
+    _, keep = _topk(group_scores, a["topk_groups"] or groups)  # [*, topk_groups]
+    allowed = np.zeros(grouped.shape[:-1], dtype=bool)
+    np.put_along_axis(allowed, keep, True, axis=-1)
+    return np.where(np.repeat(allowed, e // groups, axis=-1), choice, -np.inf), group_scores
 
 
 def _topk_router(ins: list[Array], a: Mapping) -> list[Array]:
@@ -380,21 +397,12 @@ def _topk_router(ins: list[Array], a: Mapping) -> list[Array]:
         vals = softmax(vals)
     elif mode == "topk_sigmoid":
         vals, idx = _topk(logits, k)
-        vals = _sigmoid(vals)
+        vals = sigmoid(vals)
     elif mode == "softmax_topk":
         vals, idx = _topk(softmax(logits), k)
     else:  # sigmoid_topk
-        scores = _sigmoid(logits)
-        choice = scores + f32(ins[1]) if len(ins) > 1 else scores
-        groups = a["groups"]
-        if groups > 1:
-            e = choice.shape[-1]
-            grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)
-            best2, _ = _topk(grouped, 2)
-            _, keep = _topk(best2.sum(axis=-1), a["topk_groups"] or groups)  # [*, topk_groups]
-            allowed = np.zeros(grouped.shape[:-1], dtype=bool)
-            np.put_along_axis(allowed, keep, True, axis=-1)
-            choice = np.where(np.repeat(allowed, e // groups, axis=-1), choice, -np.inf)
+        scores = sigmoid(logits)
+        choice, _ = sigmoid_choice(scores, f32(ins[1]) if len(ins) > 1 else None, a)
         _, idx = _topk(choice, k)
         vals = np.take_along_axis(scores, idx, axis=-1)
     if a["normalize"] and mode in ("softmax_topk", "sigmoid_topk"):
@@ -408,8 +416,8 @@ def expert_activation(g: Array, u: Array, a: Mapping) -> Array:
         limit = np.float32(a["limit"])
         g = np.minimum(g, limit)
         u = np.clip(u, -limit, limit)
-        return (u + np.float32(1)) * g * _sigmoid(np.float32(a["alpha"]) * g)
-    return g * _sigmoid(g) * u
+        return (u + np.float32(1)) * g * sigmoid(np.float32(a["alpha"]) * g)
+    return g * sigmoid(g) * u
 
 
 def _moe_ffn(ins: list[Array], a: Mapping) -> list[Array]:

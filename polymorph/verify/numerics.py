@@ -306,26 +306,19 @@ def selection_scores(node: Node, values: dict[str, np.ndarray]) -> tuple[np.ndar
     """What a topk_router node chooses its experts by, [tokens, E], and (grouped routers) its group
     scores [tokens, groups] (ops._ROUTER): the logits (softmax and sigmoid keep their order), or for
     sigmoid_topk sigmoid(logits) plus the selection bias."""
+    from polymorph.ir import reference
+    from polymorph.ir.ops import OPS, normalize_attrs
+
     logits = np.asarray(values[node.inputs[0]], dtype=np.float32)
     logits = logits.reshape(-1, logits.shape[-1])
     if node.attrs.get("mode") != "sigmoid_topk":
         return logits, None
-    with np.errstate(over="ignore"):
-        choice = 1.0 / (1.0 + np.exp(-logits))
-    if len(node.inputs) > 1 and node.inputs[1] in values:
-        choice = choice + np.asarray(values[node.inputs[1]], dtype=np.float32)
-    groups = int(node.attrs.get("groups", 1))
-    if groups <= 1:
-        return choice, None
-    grouped = choice.reshape(choice.shape[0], groups, -1)
-    group_scores = np.sort(grouped, axis=-1)[..., ::-1][..., :2].sum(axis=-1)  # [tokens, groups]
-    kept = int(node.attrs.get("topk_groups") or groups)
-    best = np.argsort(-group_scores, axis=-1, kind="stable")[:, :kept]
-    allowed = np.zeros(group_scores.shape, dtype=bool)
-    np.put_along_axis(allowed, best, True, axis=-1)
-    # experts of the dropped groups are no candidates: their order cannot change the choice
-    choice = np.where(np.repeat(allowed, grouped.shape[-1], axis=-1), choice, -np.inf)
-    return choice, group_scores
+    bias = values.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    bias = None if bias is None else np.asarray(bias, dtype=np.float32)
+    # the reference's own choice (experts of the dropped groups at -inf: no candidates)
+    return reference.sigmoid_choice(
+        reference.sigmoid(logits), bias, normalize_attrs(OPS["topk_router"], node.attrs)
+    )
 
 
 def token_margins(graph: Graph, values: dict[str, np.ndarray]) -> np.ndarray | None:
