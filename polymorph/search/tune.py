@@ -26,11 +26,12 @@ another worker, and a replacement worker is started while budget remains.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,7 +82,9 @@ class TuneOptions:
     registry: Path | None = None  # default: OUT/registry.sqlite
     seed: int = 0
     trials: int = 10  # fast-tier trials per candidate
-    ab_trials: int = 3  # whole decode steps per arm and pair of the final A/B (fewer if time runs short)
+    # whole decode steps per round of an arm in the final A/B (fewer if time runs short); 0: as many as
+    # take AB_ROUND_S by the stock kernels' times (ab_round_steps), so that one round outlasts the noise
+    ab_trials: int = 0
     ab_pairs: int = MIN_PAIRS  # (untuned, tuned) pairs of the final A/B at least; more if time allows
     engine_budget_s: float = 30.0  # the most one engine call may take before the worker is replaced
     lease_s: float = 60.0  # a claim not renewed for this long is handed to another worker
@@ -838,15 +841,35 @@ def _winners(spaces: list[GroupSpace], by_sig: dict) -> dict[str, tuple[GroupSpa
 
 
 AB_MAX_PAIRS = 60  # the final A/B stops here even with time left
+AB_ROUND_S = 0.03  # an A/B round of an arm lasts about this long when ab_trials is 0
+AB_MIN_STEPS, AB_MAX_STEPS = 3, 40
+
+
+def _step_estimate(signatures: Iterable[SignatureResult]) -> float:
+    """A whole decode step's seconds, roughly: three times the stock kernels' measured times (the host's
+    own work per step besides), 1 ms at least."""
+    kernels_s = sum(s.stock_s * len(s.groups) for s in signatures if s.stock_s is not None)
+    return max(3.0 * kernels_s, 1e-3)
+
+
+def ab_round_steps(opts: TuneOptions, signatures: Iterable[SignatureResult]) -> int:
+    """Steps per round of an arm in the final A/B: `opts.ab_trials` when set, else enough that a round
+    lasts AB_ROUND_S by the step estimate, between AB_MIN_STEPS and AB_MAX_STEPS. A step's time is the
+    difference of a long and a short request over the round's steps, so a round of three millisecond
+    steps carries the whole request's jitter into each step; on the 2-core box three steps an arm left a
+    60 s tune's interval wider than its kernels' gain."""
+    if opts.ab_trials > 0:
+        return opts.ab_trials
+    return int(min(AB_MAX_STEPS, max(AB_MIN_STEPS, math.ceil(AB_ROUND_S / _step_estimate(signatures)))))
 
 
 def _ab_need(opts: TuneOptions, result: BucketResult, ready_s: float | None) -> float:
     """Seconds the final A/B will take, roughly: an engine start as long as the search worker's was
-    (to its first claim), one gate, and `ab_pairs` pairs of whole steps, a step taken as three times
-    the stock kernels' measured times (the host's own work per step besides)."""
-    kernels_s = sum(s.stock_s * len(s.groups) for s in result.signatures if s.stock_s is not None)
-    step_s = max(3.0 * kernels_s, 1e-3)
-    steps_per_arm = 3 + 3 * (max(1, opts.ab_trials) + 1)  # Controller.measure("slow"): warm-up, short, rounds
+    (to its first claim), one gate, and `ab_pairs` pairs of whole steps at the step estimate."""
+    step_s = _step_estimate(result.signatures)
+    steps_per_arm = 3 + 3 * (
+        ab_round_steps(opts, result.signatures) + 1
+    )  # Controller.measure("slow"): warm-up, short, rounds
     pair_s = 2 * steps_per_arm * step_s + 0.2  # 0.2 s: a swap, or a fresh worker for the untuned arm
     pairs_s = max(opts.ab_pairs, MIN_PAIRS) * pair_s
     return 1.1 * (ready_s if ready_s is not None else 10.0) + 2.0 + pairs_s
@@ -883,7 +906,7 @@ def _final_ab(opts: TuneOptions, profile: str, bucket: Any, spaces: list[GroupSp
         _back_to_stock(engine)  # whatever the search left: stock kernels, a fresh worker
     stock: list[float] = []
     tuned: list[float] = []
-    gate, swapped, trials = None, 0, max(1, opts.ab_trials)
+    gate, swapped, trials = None, 0, ab_round_steps(opts, by_sig.values())
     fewest = min(trials, 2)  # a time per step is the difference of two runs: fewer steps, more noise
     want = max(2, opts.ab_pairs)
 
