@@ -867,9 +867,8 @@ def _ab_need(opts: TuneOptions, result: BucketResult, ready_s: float | None) -> 
     """Seconds the final A/B will take, roughly: an engine start as long as the search worker's was
     (to its first claim), one gate, and `ab_pairs` pairs of whole steps at the step estimate."""
     step_s = _step_estimate(result.signatures)
-    steps_per_arm = 3 + 3 * (
-        ab_round_steps(opts, result.signatures) + 1
-    )  # Controller.measure("slow"): warm-up, short, rounds
+    # Controller.measure("slow"): a warm-up and two short requests, then three rounds
+    steps_per_arm = 3 + 3 * (ab_round_steps(opts, result.signatures) + 1)
     pair_s = 2 * steps_per_arm * step_s + 0.2  # 0.2 s: a swap, or a fresh worker for the untuned arm
     pairs_s = max(opts.ab_pairs, MIN_PAIRS) * pair_s
     return 1.1 * (ready_s if ready_s is not None else 10.0) + 2.0 + pairs_s
