@@ -34,7 +34,7 @@ def _read_inputs(path: str) -> dict[str, np.ndarray]:
 
 
 def cmd_run_program(args: argparse.Namespace) -> int:
-    from polymorph.frontend.tensors import bind_inputs, run_on
+    from polymorph.frontend.tensors import bind_program, run_on
 
     if not is_program(args.model):
         raise UserError(f"--inputs/--outputs run a torch.export .pt2 file; {args.model} is not one")
@@ -43,8 +43,7 @@ def cmd_run_program(args: argparse.Namespace) -> int:
     out = Path(args.outputs)
     if out.exists() and not args.force:
         raise UserError(f"{out} exists; give another --outputs or --force to overwrite it")
-    model = _load(args)
-    inputs = bind_inputs(model, _read_inputs(args.inputs))
+    model, inputs = bind_program(_load(args), _read_inputs(args.inputs))  # a dynamic program at their shapes
     results = run_on(model, inputs, args.backend)
     names = list(model.graph.outputs)
     with open(out, "wb") as f:  # np.savez would add .npz to a name without it

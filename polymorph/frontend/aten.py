@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,14 +67,18 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 class Importer:
-    def __init__(self, program: Any, name: str, *, static: bool = False, dtype: DType | None = None) -> None:
+    def __init__(
+        self, program: Any, name: str, *, sizes: Mapping[Any, int] | None = None, dtype: DType | None = None
+    ) -> None:
         self.program = program
         self.b = GraphBuilder(name, meta={"source": "torch.export"})
         self.types: dict[str, TensorType] = {}
         self.weights: dict[str, np.ndarray] = {}
         self.env: dict[Any, Any] = {}
         self.input_names: list[str] = []
-        self.static = static
+        # The size of each dynamic dim's symbol (a sympy Symbol of the program's shape environment):
+        # the graph is imported static at these sizes (torch_export.py chooses them).
+        self.sizes = dict(sizes or {})
         self.float_dtype = dtype  # every f32 of the program becomes this dtype (--dtype); None keeps f32
         self.fx: Any = None  # the node being converted
         self._count = 0
@@ -132,18 +136,22 @@ class Importer:
         return node.name
 
     def shape_of(self, val: torch.Tensor, where: str) -> tuple[int, ...]:
-        dims = []
-        for d in val.shape:
-            if isinstance(d, int):
-                dims.append(d)
-            elif self.static:
-                dims.append(int(d.node.hint) if getattr(d.node, "hint", None) is not None else int(d))
-            else:
-                raise Unsupported(
-                    f"{where} has a dynamic dimension ({d}); the import is static today: export without "
-                    "dynamic_shapes, or pass static=True to import at the example shapes"
-                )
-        return tuple(dims)
+        return tuple(d if isinstance(d, int) else int(self.sym_value(d, where)) for d in val.shape)
+
+    def sym_value(self, value: Any, where: str) -> Any:
+        """A symbolic size (SymInt, SymFloat, SymBool) at this import's sizes; an unbacked one (a
+        size read from a tensor's values, `.item()`, `nonzero`) has none and is refused."""
+        expr = value.node.expr
+        got = expr.xreplace(self.sizes) if hasattr(expr, "xreplace") else expr
+        if getattr(got, "free_symbols", None):
+            free = ", ".join(sorted(map(str, got.free_symbols)))
+            raise Unsupported(
+                f"{where} has a size ({expr}) that depends on tensor values ({free}), not on input shapes; "
+                "polymorph imports data-independent shapes only"
+            )
+        if isinstance(value, torch.SymBool):
+            return bool(got)
+        return float(got) if isinstance(value, torch.SymFloat) else int(got)
 
     def outputs(self, node: Any) -> None:
         import torch.utils._pytree as pytree
@@ -157,6 +165,10 @@ class Importer:
             self.b.output(f"output_{i}", value)
 
     def call(self, node: Any) -> Any:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+            # Shape arithmetic (sym_size, mul of sizes): its value at this import's sizes.
+            return self.sym_value(val, f"node `{node.name}`")
         if node.target is operator.getitem:
             parent, index = node.args
             got = self.env[parent][index]

@@ -19,10 +19,34 @@ from polymorph.ir.dtypes import DType
 from polymorph.verify.tolerance import Comparison, Tolerance, compare, model_tolerance
 
 
+def bind_program(
+    model: ExportedModel, arrays: Mapping[str, np.ndarray]
+) -> tuple[ExportedModel, dict[str, np.ndarray]]:
+    """`model` at the shapes of `arrays` (a program with dynamic dims is imported at them: UserError in
+    one line when they are outside its declared ranges), and `arrays` bound as `bind_inputs` does."""
+    if model.dims:
+        named = _by_name(model, arrays)
+        model = model.at({n: np.shape(a) for n, a in named.items()})
+    return model, bind_inputs(model, arrays)
+
+
 def bind_inputs(model: ExportedModel, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`arrays` (arr_0.. by position, or by input name) as the graph's inputs, each in its declared
     dtype (a float array of another width is converted, so is an integer one whose values fit; any
     other mismatch is refused)."""
+    by_name = _by_name(model, arrays)
+    out = {}
+    for name in model.input_names:
+        t = model.graph.inputs[name]
+        arr = np.asarray(by_name[name])
+        want = tuple(int(d) for d in t.shape)
+        if tuple(arr.shape) != want:
+            raise UserError(f"input `{name}` has shape {list(arr.shape)}; the program takes {t}")
+        out[name] = _as_dtype(name, arr, t.dtype)
+    return out
+
+
+def _by_name(model: ExportedModel, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = list(model.input_names)
     keys = list(arrays)
     positional = [f"arr_{i}" for i in range(len(keys))]
@@ -40,15 +64,7 @@ def bind_inputs(model: ExportedModel, arrays: Mapping[str, np.ndarray]) -> dict[
         given = len(by_name)
     if given != len(names) or set(by_name) != set(names):
         raise UserError(f"`{model.name}` takes {len(names)} input(s) ({', '.join(names)}), {given} given")
-    out = {}
-    for name in names:
-        t = model.graph.inputs[name]
-        arr = np.asarray(by_name[name])
-        want = tuple(int(d) for d in t.shape)
-        if tuple(arr.shape) != want:
-            raise UserError(f"input `{name}` has shape {list(arr.shape)}; the program takes {t}")
-        out[name] = _as_dtype(name, arr, t.dtype)
-    return out
+    return by_name
 
 
 def _as_dtype(name: str, arr: np.ndarray, dtype: DType) -> np.ndarray:
@@ -92,11 +108,12 @@ def verify_program(
     seed: int | None = None,
 ) -> list[OutputCheck]:
     """Each output of the model on `backend` against the program run by PyTorch, on `inputs` (bound
-    as `bind_inputs` does) or on fresh random ones, at the model tolerance of the output's dtype."""
+    as `bind_program` does: a dynamic program at their shapes) or on fresh random ones, at the model
+    tolerance of the output's dtype."""
     if inputs is None:
         seed = int(np.random.default_rng().integers(2**31)) if seed is None else seed
         inputs = model.example_inputs(seed)
-    bound = bind_inputs(model, inputs)
+    model, bound = bind_program(model, inputs)
     got = run_on(model, bound, backend)
     want = model.run_program(bound)
     checks = []

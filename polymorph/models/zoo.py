@@ -152,10 +152,10 @@ def load_model(
         graph = serialize.load(path)
         verify(graph)
         return Model(name=graph.name, graph=graph, source=str(path.resolve()), seed=seed)
-    elif path.suffix == ".pt2":  # a torch.export program (polymorph/frontend/): its own dtypes unless asked
+    elif path.suffix == ".pt2" or ".pt2@" in text:  # a torch.export program (polymorph/frontend/), @ a bucket
         from polymorph.frontend import load_pt2
 
-        return load_pt2(path, dtype=dtype)
+        return load_pt2(text, dtype=dtype)  # its own dtypes unless asked
     elif _names_a_path(text) and not path.exists():
         raise UserError(
             f"no such file or directory: {text}; MODEL is a zoo name, a Hugging Face model directory, "

@@ -1,10 +1,11 @@
 """The champion registry: the fastest verified kernel (source and config) per op, bucket, chip and toolchain.
 
 Key (DESIGN.md, "Plan and report"): the op signature (the group's pattern, dtypes and dims), the shape
-bucket (a traffic bucket's id), the hardware profile id and the toolchain string (e.g. "triton 3.6.0,
-cuda 12.8"). A champion holds its kernel file's source (stored once per content hash), its config,
-its timing (median and spread), the gates it passed, the tolerance they used, and the reasoning of
-the agent that proposed it, so the next model or chip can start from it.
+bucket (a traffic bucket's id, or an imported program's input shapes: `program_bucket`), the hardware
+profile id and the toolchain string (e.g. "triton 3.6.0, cuda 12.8"). A champion holds its kernel
+file's source (stored once per content hash), its config, its timing (median and spread), the gates
+it passed, the tolerance they used, and the reasoning of the agent that proposed it, so the next
+model or chip can start from it.
 
 `offer` keeps a record only when its median beats the current champion's; bundles (one JSON file,
 sources included) carry champions between registries, and an import keeps the faster of the two.
@@ -39,6 +40,8 @@ BUNDLE_FORMAT = "polymorph-registry-bundle"
 BUNDLE_SCHEMA_VERSION = 1
 KEY_ID_CHARS = 12
 _BUCKET = re.compile(r"b([1-9][0-9]*)-ctx([0-9]+)-([1-9][0-9]*)(-seq[1-9][0-9]*)?")
+# An imported program's bucket: its inputs' shapes, dims joined by "x", inputs by "-", a scalar "s".
+_PROGRAM_BUCKET = re.compile(r"shape-(s|[0-9]+(x[0-9]+)*)(-(s|[0-9]+(x[0-9]+)*))*")
 
 
 # --- the key -----------------------------------------------------------------------------------------
@@ -84,6 +87,23 @@ def shape_bucket_at(batch: int, ctx: int, seq: int = 1) -> str:
     return shape_bucket(bucket, seq)
 
 
+def program_bucket(shapes: Sequence[Sequence[int]]) -> str:
+    """The shape bucket of an imported program (a torch.export .pt2) at these input shapes, e.g.
+    "shape-4x3x8-4" for inputs [4, 3, 8] and [4]: a program has no traffic, its buckets are the
+    shapes the engine and the gates run it at (polymorph/frontend/torch_export.py, `bucket_sizes`)."""
+    return "shape-" + "-".join("x".join(str(int(d)) for d in s) or "s" for s in shapes)
+
+
+def parse_program_bucket(bucket: str) -> list[tuple[int, ...]]:
+    """The input shapes of a program bucket id; UserError when it is not one."""
+    if _PROGRAM_BUCKET.fullmatch(bucket) is None:
+        raise UserError(
+            f"{bucket!r} is not a program bucket like `shape-4x3x8-4` (each input's dims joined by x, "
+            "inputs by -, a scalar input `s`)"
+        )
+    return [() if part == "s" else tuple(int(d) for d in part.split("x")) for part in bucket[6:].split("-")]
+
+
 @dataclass(frozen=True)
 class ChampionKey:
     op_signature: str
@@ -99,10 +119,10 @@ class ChampionKey:
             if not isinstance(value, str) or not value.strip():
                 raise UserError(f"a champion key's {name} must be a non-empty string, got {value!r}")
         m = _BUCKET.fullmatch(self.bucket)
-        if m is None or int(m.group(2)) >= int(m.group(3)):
+        if (m is None or int(m.group(2)) >= int(m.group(3))) and not _PROGRAM_BUCKET.fullmatch(self.bucket):
             raise UserError(
                 f"shape bucket {self.bucket!r} is not a traffic bucket id like `b8-ctx1024-2048` "
-                "(batch, then the context range lo < hi)"
+                "(batch, then the context range lo < hi) nor an imported program's like `shape-4x3x8`"
             )
         if self.profile not in list_profiles():
             raise UserError(f"unknown chip `{self.profile}`; known profiles: {', '.join(list_profiles())}")
