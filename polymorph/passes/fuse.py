@@ -344,7 +344,8 @@ def select_patterns(
 
 
 def fuse(graph: Graph, patterns: Sequence[Pattern], *, verified: bool = False) -> list[NodeGroup]:
-    """Partition the nodes of `graph` into groups: pattern matches, in table order, then single nodes.
+    """Partition the nodes of `graph` into groups: pattern matches, in table order, then (for a program
+    imported from torch.export) general groups (fuse_general.py), then single nodes.
 
     Every node is in exactly one group; running the groups' nodes group by group, in the order of the
     returned list, is a valid topological order of the graph (ties go to the group whose first node
@@ -363,6 +364,14 @@ def fuse(graph: Graph, patterns: Sequence[Pattern], *, verified: bool = False) -
             roles = matcher.match(pattern, node.name)
             if roles is not None:
                 matcher.add_unit(pattern.name, roles)
+    if graph.meta.get("source") == "torch.export":
+        # An imported program's general ops: elementwise chains and reductions, one group each.
+        from polymorph.passes.fuse_general import general_groups
+
+        for group in general_groups(graph, taken=matcher.unit_of):
+            matcher.add_unit(group.pattern, {})
+            for name in group.nodes:
+                matcher.assign(name)
     for node in graph.nodes:
         if node.name not in matcher.unit_of:
             matcher.add_unit(node.op, {})

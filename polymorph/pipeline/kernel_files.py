@@ -1,7 +1,9 @@
 """Kernel files: the unit a backend's plan names, an agent proposes, and the engine hot-reloads.
 
 A kernel is a Python file under `kernels/<language>/` exposing:
-  IMPLEMENTS  the op name (from the op table) or fused-pattern name it implements, or a tuple of them
+  IMPLEMENTS  the op name (from the op table) or fused-pattern name it implements, or a tuple of them;
+              a kind of general group (`elementwise`, `reduction`: polymorph/passes/fuse_general.py)
+              takes every pattern `kind:...` of that kind
   CONFIGS     the tunable space: a list of dicts (the first is the default)
   supports(spec: KernelSpec) -> bool         shapes, dtypes and target it handles
   build(spec: KernelSpec, config: dict, traits: Traits | None) -> launch
@@ -134,7 +136,11 @@ class KernelFile:
         return self.path.stem
 
     def supports(self, spec: KernelSpec) -> bool:
-        return spec.pattern in self.implements and bool(self.module.supports(spec))
+        # A general group's pattern (`elementwise:mul+add`) is taken by a file naming its kind.
+        kind = spec.pattern.partition(":")[0]
+        return (spec.pattern in self.implements or kind in self.implements) and bool(
+            self.module.supports(spec)
+        )
 
     def build(self, spec: KernelSpec, config: Mapping[str, Any], target: Target | Traits) -> Launch:
         return self.module.build(spec, dict(config), kernel_traits(target))
