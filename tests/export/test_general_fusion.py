@@ -1,0 +1,159 @@
+"""General fusion of imported programs (polymorph/passes/fuse_general.py): an elementwise chain, a layer
+norm and a softmax written by hand each become one group, one kernel file (general_fused.py) on cpu
+and on neuron, never across a matmul or a value read elsewhere, and the outputs stay PyTorch eager's
+within the f32 model tolerance on fresh random inputs; in bf16 the fused groups are bit for bit the
+unfused plan (each op rounded to its dtype, as its own kernel does)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from polymorph import api
+from polymorph.frontend import from_torch
+from polymorph.frontend.tensors import run_on
+from polymorph.ir import reference
+from polymorph.ir.dtypes import DType
+from polymorph.passes import fuse_general
+from polymorph.pipeline.backend import registry
+from polymorph.verify.tolerance import compare, model_tolerance
+
+CHAIN = "elementwise:sigmoid+mul+add+gelu"
+LAYER_NORM = "reduction:reduce_mean+sub+mul+reduce_mean+add+rsqrt+mul+mul+add"
+SOFTMAX = "reduction:mul+add+reduce_max+sub+exp+reduce_sum+div"
+KERNEL = {"cpu": "torch/general_fused.py", "neuron": "xla/general_fused.py"}
+
+
+class Block(torch.nn.Module):
+    """A chain between two projections, a layer norm and an attention softmax written by hand."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(dim, 2 * dim)
+        self.down = torch.nn.Linear(2 * dim, dim)
+        self.w = torch.nn.Parameter(torch.randn(dim))
+        self.b = torch.nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        h = F.gelu(h * torch.sigmoid(h) + 1)  # the chain
+        h = self.down(h)
+        mu = h.mean(-1, keepdim=True)  # the layer norm
+        xc = h - mu
+        var = (xc * xc).mean(-1, keepdim=True)
+        y = xc * torch.rsqrt(var + 1e-5) * self.w + self.b
+        s = y @ y.transpose(-1, -2) * 0.125 + mask  # the softmax, its scale and mask as prologue
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m)
+        p = e / e.sum(-1, keepdim=True)
+        return p @ y
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def block(dtype: str = "f32") -> tuple[torch.nn.Module, Any, tuple[torch.Tensor, ...]]:
+    """(eager module, imported model, example inputs), imported once per session and dtype."""
+    if dtype not in _MODELS:
+        torch.manual_seed(7)
+        module = Block().eval()
+        example = (torch.randn(2, 8, 32), torch.randn(2, 8, 8))
+        _MODELS[dtype] = (
+            module,
+            from_torch(module, example, dtype=None if dtype == "f32" else dtype),
+            example,
+        )
+    return _MODELS[dtype]
+
+
+def fresh(example: tuple[torch.Tensor, ...], rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.standard_normal(tuple(t.shape)).astype(np.float32) for t in example]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "neuron"])
+def test_one_kernel_per_chain_and_reduction(backend: str) -> None:
+    _, model, _ = block()
+    plan = api.compile(model, backend).plan
+    fused = [g for g in plan.groups if fuse_general.family(g.pattern)]
+    assert sorted(g.pattern for g in fused) == sorted([CHAIN, LAYER_NORM, SOFTMAX]), [
+        g.pattern for g in fused
+    ]
+    assert {g.kernel.file for g in fused} == {KERNEL[backend]}
+    assert all(len(g.outputs) == 1 for g in fused)
+    # Nothing fuses across a projection: the matmuls and layout ops stay groups of their own.
+    by_name = {n.name: n for n in plan.graph.nodes}
+    for g in plan.groups:
+        ops = {by_name[n].op for n in g.nodes}
+        assert not (ops & {"matmul", "linear", "reshape", "transpose"}) or len(g.nodes) == 1, g.id
+    # Every op of the three parts is inside one of the fused groups.
+    inside = {n for g in fused for n in g.nodes}
+    for n in plan.graph.nodes:
+        if n.op in ("sigmoid", "gelu", "rsqrt", "exp", "reduce_mean", "reduce_max", "reduce_sum", "div"):
+            assert n.name in inside, n.name
+
+
+@pytest.mark.parametrize("engine", ["reference", "cpu", "neuron"])
+def test_fused_program_matches_eager(engine: str) -> None:
+    module, model, example = block()
+    args = fresh(example, np.random.default_rng())
+    inputs = dict(zip(model.input_names, args, strict=True))
+    with torch.no_grad():
+        want = module(*map(torch.from_numpy, args)).numpy()
+    if engine == "reference":
+        got = reference.run(model.graph, model.weights(), inputs, {})
+    else:
+        got = run_on(model, inputs, engine)
+    result = compare(got["output_0"].astype(np.float32), want, model_tolerance(DType.F32))
+    assert result.ok, f"{engine}: {result}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "neuron"])
+def test_bf16_groups_round_each_op_as_the_unfused_plan(backend: str, monkeypatch: Any) -> None:
+    """Per-op rounding: the fused plan's output is bitwise the unfused plan's on the same inputs."""
+    _, model, example = block("bf16")
+    rng = np.random.default_rng()
+    inputs = {
+        n: a.astype(DType.BF16.numpy) for n, a in zip(model.input_names, fresh(example, rng), strict=True)
+    }
+
+    def run() -> tuple[np.ndarray, int]:
+        artifact = api.compile(model, backend)
+        out = registry.get(backend).load(artifact, model.weights()).run(dict(inputs))["output_0"]
+        return out, sum(1 for g in artifact.plan.groups if fuse_general.family(g.pattern))
+
+    fused, n_fused = run()
+    monkeypatch.setattr(fuse_general, "general_groups", lambda graph, taken=(): [])
+    unfused, n_unfused = run()
+    assert (n_fused, n_unfused) == (3, 0)
+    np.testing.assert_array_equal(fused.view(np.uint16), unfused.view(np.uint16))
+    want = reference.run(model.graph, model.weights(), inputs, {})["output_0"]
+    assert compare(fused.astype(np.float32), want.astype(np.float32), model_tolerance(DType.BF16)).ok
+
+
+class Shared(torch.nn.Module):
+    """Values read outside a chain: `t` is an output and `u` has two readers."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.tanh(x)
+        u = torch.exp(x) * 2
+        return t, (t * 3 + 1).relu(), u + 1, u.sum(-1) / 4
+
+
+def test_values_read_elsewhere_bound_the_groups() -> None:
+    model = from_torch(Shared(), (torch.randn(4, 16),))
+    plan = api.compile(model, "cpu").plan
+    by_name = {n.name: n for n in plan.graph.nodes}
+    ops = sorted("+".join(by_name[n].op for n in g.nodes) for g in plan.groups)
+    # tanh is an output, so it ends its own group; exp * 2 has two readers, so it is a group of its own
+    # (a chain), and each reader starts another (the sum with its epilogue is a reduction group).
+    assert ops == ["add", "exp+mul", "mul+add+relu", "reduce_sum+div", "tanh"], ops
+    x = np.random.default_rng().standard_normal((4, 16)).astype(np.float32)
+    with torch.no_grad():
+        want = [t.numpy() for t in Shared()(torch.from_numpy(x))]
+    got = run_on(model, {model.input_names[0]: x}, "cpu")
+    for i, w in enumerate(want):
+        assert compare(got[f"output_{i}"], w, model_tolerance(DType.F32)).ok, i
