@@ -14,6 +14,10 @@ and (k+1)-th logit equal (the contract breaks ties to the lower index), half wit
 differ by, so the choice is still determined). The positions an index_attention reads (DeepSeek-V3.2's
 sparse attention) are what an indexer would hand it: up to k distinct visible positions per query,
 its own among them, -1 after.
+
+Any other integer input (an imported program's: a GNN's edge indices) is drawn from the range it can
+legally take (polymorph/ir/int_ranges.py): [0, n) where it indexes a dim of n, else the program's
+example inputs' range; both ends of the range are in every draw. A bool input is drawn at random.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from polymorph.engine.windows import released_blocks
+from polymorph.ir.dtypes import DType
+from polymorph.ir.int_ranges import legal_ranges
 from polymorph.ir.shapes import concrete
 from polymorph.serving.kvcache import PagedKVCache
 
@@ -125,11 +131,40 @@ def draw(
             inputs.append(
                 _expert_indices(rng, concrete(t.shape, bindings), experts[v], ROUTING.get(dist, "uniform"))
             )
+        elif t.dtype == DType.BOOL:
+            inputs.append(rng.random(concrete(t.shape, bindings)) < 0.5)
+        elif v in (legal := _legal(group)):
+            lo, hi = legal[v]
+            inputs.append(_draw_in(rng, concrete(t.shape, bindings), lo, hi).astype(t.dtype.numpy))
         else:
-            raise Undrawable(f"integer input `{v}` has no known meaning to draw from")
+            raise Undrawable(f"integer input `{v}` has no known meaning or range to draw from")
     _shape_router_logits(group, inputs, rng, ROUTING.get(dist, "uniform"))
     release_slid_out(group, inputs, ints["block_table"], ints["positions"], block_size)
     return inputs, {k: n for k, n in bindings.items() if k in group.graph.symbols()}
+
+
+def _legal(group: GroupInfo) -> dict[str, tuple[int, int]]:
+    """The legal ranges of the graph's integer values (polymorph/ir/int_ranges.py), once per graph."""
+    got = _LEGAL.get(id(group.graph))
+    if got is None or got[0] is not group.graph:
+        got = (group.graph, legal_ranges(group.graph))
+        _LEGAL.clear()  # one graph at a time: an engine holds one plan
+        _LEGAL[id(group.graph)] = got
+    return got[1]
+
+
+_LEGAL: dict[int, tuple[Any, dict[str, tuple[int, int]]]] = {}
+
+
+def _draw_in(rng: np.random.Generator, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
+    """Integers in [lo, hi), both ends among them where there is room: an index kernel that drops the
+    first or the last row of its dim, or clamps short of it, shows on every draw."""
+    x = rng.integers(lo, hi, shape)
+    if x.size >= 2:
+        flat = x.reshape(-1)
+        at = rng.choice(flat.size, 2, replace=False)
+        flat[at[0]], flat[at[1]] = lo, hi - 1
+    return x
 
 
 def _group_nodes(group: GroupInfo) -> list[Any]:
