@@ -346,11 +346,15 @@ def _import(
 ) -> tuple[Graph, dict[str, np.ndarray], tuple[str, ...]]:
     from polymorph.frontend.aten import Importer
     from polymorph.ir.spec import verify
+    from polymorph.passes.recognize import recognize
 
     importer = Importer(decomposed, name, sizes=sizes, dtype=float_dtype)
     graph: Graph = importer.run()
     verify(graph)
-    return graph, importer.weights, tuple(importer.input_names)
+    # The LLM patterns (rmsnorm, linear, rope, attention...) raised to the builder's ops, so that the
+    # builder's fusions and kernels apply: here, where the constants they are checked against are known.
+    recognized = recognize(graph, importer.weights)
+    return recognized.graph, recognized.weights, tuple(importer.input_names)
 
 
 def _dynamic_dims(
