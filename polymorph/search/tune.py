@@ -8,11 +8,13 @@ baseline, the registry's champion for the same key (signature, bucket, profile, 
 next (warm start, re-verified here), then the built-in agents' proposals, largest predicted share
 first. A bucket whose every signature already has a champion is not tuned again, only re-verified.
 
-An imported program (a torch.export .pt2 file) has one bucket, its example inputs' shapes (static
-shapes only today; `ProgramBucket`), instead of traffic buckets: the engine and the gates run at
-those shapes. Its bucket is no registry key (those are traffic buckets), so its run neither reads nor
-writes the registry, and it has no decode step to A/B whole: each winner stands on its own gates.
-With `exact` (bit-exact mode) a candidate passes only where its outputs equal the stock kernel's byte
+An imported program (a torch.export .pt2 file) has program buckets instead of traffic buckets
+(`ProgramBucket`): its example inputs' shapes, and with dynamic dims every dim at its min and at its
+max as well (an unbounded max clamped: polymorph/frontend/torch_export.py); each bucket's engine
+loads the program at its shapes (`FILE.pt2@shape-...`) and the gates run there. A program bucket is
+a registry key like a traffic bucket's, so its champions are recorded and offered back (re-verified)
+to the next tune of the same ops at the same shapes. A program has no decode step to A/B whole: each
+winner stands on its own gates. With `exact` (bit-exact mode) a candidate passes only where its outputs equal the stock kernel's byte
 for byte (the `exact` gate); the registry's champions, measured without that bar, are not read.
 
 Processes: this one (trusted: agents, posting, the registry, the final A/B) and `workers` worker
@@ -48,6 +50,7 @@ from polymorph.search.board import Board, Result
 from polymorph.search.lifetime import dead_run_worker, die_with_parent, worker_name
 from polymorph.search.live_tunes import publish_tune
 from polymorph.search.registry import Champion, ChampionKey, Measurement, Registry, shape_bucket
+from polymorph.search.registry import program_bucket as program_bucket_id
 from polymorph.search.space import buckets_of, group_spaces, library_path, predicted_times, toolchain
 
 WIN_MARGIN = 0.02  # a candidate must beat the stock kernel's median by 2% to replace it in the plan
@@ -146,32 +149,47 @@ class BucketResult:
 
 @dataclass(frozen=True)
 class ProgramBucket:
-    """The one bucket of an imported program: its example inputs' shapes, e.g. "shape-2x3x16x16" (a
-    scalar input is "s", inputs joined by "-"). No batch or context: the program's shapes are fixed."""
+    """A bucket of an imported program: its inputs' shapes, e.g. "shape-2x3x16x16" (a scalar input is
+    "s", inputs joined by "-"; registry.program_bucket), and the model spec that loads the program at
+    them. No batch or context: a program has no traffic."""
 
     shapes: tuple[tuple[int, ...], ...]
+    model: str = ""  # what load_model takes: FILE.pt2 (the example's shapes) or FILE.pt2@<id>
     weight: float = 1.0
     batch: None = None
     ctx: None = None
 
     @property
     def id(self) -> str:
-        return "shape-" + "-".join("x".join(map(str, s)) or "s" for s in self.shapes)
+        return program_bucket_id(self.shapes)
 
 
-def program_bucket(model: str, traffic: Any, batch: int | None, ctx: int | None) -> ProgramBucket | None:
-    """`model`'s bucket when it is an imported program (a .pt2 file), else None."""
+def program_buckets(model: str, traffic: Any, batch: int | None, ctx: int | None,
+                    dtype: str | None = None, quiet: bool = False) -> list[ProgramBucket]:  # fmt: skip
+    """`model`'s buckets when it is an imported program (a .pt2 file): the example inputs' shapes,
+    then each dynamic dim at its min and at its max; [] for any other model."""
     if not str(model).endswith(".pt2"):
-        return None
+        return []
     if traffic is not None or batch is not None or ctx is not None:
         raise UserError(
-            f"{model} is an imported program: its bucket is its example inputs' shapes; --traffic, "
-            "--batch and --ctx choose an LLM's decode buckets"
+            f"{model} is an imported program: its buckets are its example inputs' shapes and its dynamic "
+            "dims' ranges; --traffic, --batch and --ctx choose an LLM's decode buckets"
         )
     from polymorph.frontend import load_pt2
 
-    graph = load_pt2(model).graph
-    return ProgramBucket(tuple(tuple(int(d) for d in t.shape) for t in graph.inputs.values()))
+    program = load_pt2(model, dtype=dtype)
+    buckets = []
+    for i, sizes in enumerate(program.bucket_sizes()):
+        shapes = tuple(program.at_sizes(sizes).input_shapes().values())
+        spec = str(model) if i == 0 else f"{model}@{program_bucket_id(shapes)}"
+        buckets.append(ProgramBucket(shapes, spec))
+    if not quiet:
+        for d in program.clamped():
+            console.line(
+                f"dynamic dim {d.symbol} has no declared max: gated up to {d.gate_range[1]} ({d.lo} <= {d.symbol}, "
+                f"example {d.example}); export it with a max to gate at the real one"
+            )
+    return buckets
 
 
 @dataclass
@@ -342,8 +360,8 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
         raise UserError(
             f"`tune` measures on the device, and backend `{opts.backend}` cannot here: {probe.measure.reason}"
         )
-    program = program_bucket(opts.model, opts.traffic, opts.batch, opts.ctx)
-    buckets = [program] if program is not None else buckets_of(opts.traffic, opts.batch, opts.ctx)
+    programs = program_buckets(opts.model, opts.traffic, opts.batch, opts.ctx, opts.dtype, opts.quiet)
+    buckets = programs or buckets_of(opts.traffic, opts.batch, opts.ctx)
     claim_out(opts.out, "tune", force=opts.force)  # a previous tune's folder: this run resumes from it
     if opts.wait_for_posts:
         console.line(
@@ -497,13 +515,14 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     t0 = time.monotonic()
     from polymorph.models import load_model
 
-    model = load_model(opts.model, **({"dtype": opts.dtype} if opts.dtype else {}))
+    program = isinstance(bucket, ProgramBucket)
+    spec = bucket.model if program else opts.model  # a program at this bucket's shapes
+    model = load_model(spec, **({"dtype": opts.dtype} if opts.dtype else {}))
     artifact = api.compile(model, opts.backend, profile, batch=bucket.batch, ctx=bucket.ctx)
     plan = artifact.plan
     spaces = group_spaces(plan, backend.language, predicted_times(artifact.report))
-    program = isinstance(bucket, ProgramBucket)
     bucket_key = bucket.id if program else shape_bucket(bucket)
-    keyed = not program and not opts.exact  # this run's champions are the registry's to warm-start from
+    keyed = not opts.exact  # this run's champions are the registry's to warm-start from
     result = BucketResult(bucket_key, bucket.weight)
     by_sig = {s.signature: SignatureResult(s.signature, list(s.groups), s.share) for s in spaces.spaces}
     result.signatures = list(by_sig.values())
@@ -551,7 +570,7 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
             "every op signature has a champion in the registry for this bucket, profile and toolchain"
         )
 
-    load = {"model": opts.model, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
+    load = {"model": spec, "backend": opts.backend, "profile": profile, "batch": bucket.batch,
             "ctx": bucket.ctx, "scope": scope, "dtype": opts.dtype}  # fmt: skip
     stop = opts.out / f".stop-{bucket.id}"
     stop.unlink(missing_ok=True)
@@ -708,9 +727,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
         result.plan_dir = str(_write_plan(backend, plan, spaces.spaces, by_sig, out_dir))
         return result
     # Per-op champions go to the registry unless the final gate rejected them together.
-    if program:
-        pass  # a program's shape bucket is no registry key
-    elif result.ab["gate"] == "passed" or result.ab.get("skipped"):  # skipped: each passed its own gates
+    # A skipped A/B (a program's) leaves each to its own gates.
+    if result.ab["gate"] == "passed" or result.ab.get("skipped"):
         _offer(reg, result, spaces.spaces, run, bucket_key, profile, tc, plan)
     if result.ab.get("verdict") == SLOWER and any(s.chosen for s in by_sig.values()):
         # Faster kernel by kernel, slower end to end in the same run (the whole interval above 1): the
@@ -998,9 +1016,11 @@ def engine_fits(engine: Any, load: Mapping[str, Any]) -> bool:
     args = engine.load_args
     target = args.get("target") or backends.get(args["backend"]).targets[0]
     bucket = engine.loaded.get("bucket") or {}
+    # A program (no batch, no context: its shapes are in its model spec) fits an engine started without.
+    program = (load["batch"], load["ctx"]) == (None, None) == (args.get("batch"), args.get("ctx"))
     return (str(args["model"]) == str(load["model"]) and args["backend"] == load["backend"]
             and target == load["profile"] and args.get("dtype") == load["dtype"]
-            and (bucket.get("batch"), bucket.get("ctx")) == (load["batch"], load["ctx"]))  # fmt: skip
+            and (program or (bucket.get("batch"), bucket.get("ctx")) == (load["batch"], load["ctx"])))  # fmt: skip
 
 
 def _back_to_stock(engine: Any) -> None:
