@@ -604,14 +604,12 @@ def _is_causal(mask: np.ndarray | None, shape: tuple[int, ...]) -> bool:
     """Whether `mask`, added to [B, H, S, T] scores, is exactly the causal mask: 0 where key j <= query
     i, -inf (or float32's lowest, which softmax turns into the same 0) above the diagonal; S == T."""
     b, h, s, t = shape
-    if mask is None or s != t or mask.ndim != 4:
+    if mask is None or s != t or not 2 <= mask.ndim <= 4:
         return False
-    try:
-        full = np.broadcast_to(mask, shape)
-    except ValueError:
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # [S, T] or [B, S, T] broadcast as torch does
+    if any(d not in (1, want) for d, want in zip(mask.shape, shape, strict=True)) or mask.shape[2:] != (s, t):
         return False
-    if any(d not in (1, want) for d, want in zip(mask.shape, shape, strict=True)):
-        return False
+    full = np.broadcast_to(mask, shape)
     seen = np.tril(np.ones((s, t), dtype=bool))
     full = full.astype(np.float64)
     return bool(np.all(full[..., seen] == 0) and np.all(full[..., ~seen] <= _F32_MIN))

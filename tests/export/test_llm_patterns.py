@@ -1,0 +1,231 @@
+"""The LLM patterns of an imported program (polymorph/passes/recognize.py): an exported transformers
+Llama gets the builder's kernels, group for group, and a subgraph that only resembles a pattern stays
+general; every graph still matches PyTorch eager on fresh random inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from polymorph import api
+from polymorph.frontend import from_torch
+from polymorph.frontend.tensors import run_on
+from polymorph.ir import reference
+from polymorph.ir.dtypes import DType
+from polymorph.verify.tolerance import compare, model_tolerance
+
+PROMPT = 7  # the prompt length P: the exported forward's sequence and the builder plan's prefill
+LLAMA = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention: two query heads per kv head
+    max_position_embeddings=64,
+    rope_theta=500000.0,  # not the default base: the rope rule derives it from inv_freq
+    rms_norm_eps=1e-5,
+    use_cache=False,
+)
+
+
+def _needs_transformers() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape, what
+    result = compare(got.astype(np.float32), want, model_tolerance(DType.F32))
+    assert result.ok, f"{what}: {result}"
+
+
+def _matches_eager(module: nn.Module, model: Any, args: list[torch.Tensor], engines: tuple[str, ...]) -> None:
+    inputs = {n: a.numpy() for n, a in zip(model.input_names, args, strict=True)}
+    with torch.no_grad():
+        out = module(*args)
+    want = (out.logits if hasattr(out, "logits") else out).numpy()
+    for engine in engines:
+        if engine == "reference":
+            got = reference.run(model.graph, model.weights(), inputs, {})["output_0"]
+        else:
+            got = run_on(model, inputs, engine)["output_0"]
+        _close(got, want, engine)
+
+
+def _computing(plan: Any) -> list[tuple[str, dict]]:
+    """(kernel file, config) of every group that computes, in plan order: the layout groups (head
+    splits and merges) and the builder's cache writes aside."""
+    return [
+        (g.kernel.file, dict(g.kernel.config))
+        for g in plan.groups
+        if not g.kernel.file.endswith("/layout.py") and g.pattern != "kv_write"
+    ]
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[Any, Any, Any]:
+    """(eager LlamaForCausalLM, its import at [1, PROMPT], its transformers config)."""
+    _needs_transformers()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    cfg = LlamaConfig(**LLAMA)
+    module = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norm weights: a norm that dropped its weight would show
+        for name, p in module.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.uniform_(0.5, 1.5)
+    return module, from_torch(module, (torch.randint(0, LLAMA["vocab_size"], (1, PROMPT)),)), cfg
+
+
+@pytest.mark.parametrize("backend", ["cpu", "neuron"])
+def test_imported_llama_gets_the_builders_prefill_kernels(llama: Any, backend: str) -> None:
+    from polymorph.models.config import ModelConfig
+    from polymorph.models.decoder import build_decoder
+    from polymorph.models.zoo import Model
+
+    _, model, cfg = llama
+    ops = {n.op for n in model.graph.nodes}
+    assert ops <= {"embedding", "rmsnorm", "linear", "reshape", "rope", "attention", "add", "silu", "mul"}, (
+        ops
+    )
+    imported = api.compile(model, backend).plan
+    config = ModelConfig.from_hf(cfg.to_dict(), "test_llm_patterns")
+    graph = build_decoder(config, name="llama-built", all_logits=True)  # every position's logits, as HF
+    built = api.compile(
+        Model("llama-built", graph, "llama-built", config=config), backend, prefill=PROMPT
+    ).plan
+    assert _computing(imported) == _computing(built)
+    # the groups are the builder's kinds, layer by layer: norm, q/k/v, rope, attention, o + residual, MLP
+    patterns = [g.pattern for g in imported.groups if not g.kernel.file.endswith("/layout.py")]
+    layer = ["rmsnorm", "linear", "linear", "linear", "rope", "rope", "attention", "linear+residual",
+             "rmsnorm", "linear+silu*mul", "linear+residual"]  # fmt: skip
+    assert patterns == ["embedding", *layer * LLAMA["num_hidden_layers"], "rmsnorm", "linear"]
+
+
+def test_imported_llama_matches_eager(llama: Any) -> None:
+    module, model, _ = llama
+    rng = np.random.default_rng()
+    ids = torch.from_numpy(rng.integers(0, LLAMA["vocab_size"], (1, PROMPT)))
+    _matches_eager(module, model, [ids], ("reference", "cpu", "neuron"))
+
+
+# --- near misses: close to a pattern, not it -----------------------------------------------------------
+
+
+class Norm(nn.Module):
+    """An RMSNorm as transformers writes it, or one change to it."""
+
+    def __init__(self, variant: str, width: int = 16) -> None:
+        super().__init__()
+        self.variant = variant
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.proj = nn.Linear(width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, D]
+        power = 4 if self.variant == "fourth_power" else 2
+        dim = -2 if self.variant == "positions_axis" else -1
+        eps = 1e-6
+        rms = torch.rsqrt(x.pow(power).mean(dim, keepdim=True) + eps)
+        weight = 1.0 + self.weight if self.variant == "one_plus_weight" else self.weight
+        return self.proj(weight * (x * rms))
+
+
+@pytest.mark.parametrize("variant", ["rmsnorm", "fourth_power", "positions_axis", "one_plus_weight"])
+def test_norm_variants(variant: str) -> None:
+    torch.manual_seed(3)
+    module = Norm(variant).eval()
+    x = torch.randn(2, 5, 16)
+    model = from_torch(module, (x,))
+    ops = [n.op for n in model.graph.nodes]
+    assert "linear" in ops  # the projection is recognized either way
+    if variant == "rmsnorm":
+        assert "rmsnorm" in ops and "rsqrt" not in ops, ops
+    else:
+        assert "rmsnorm" not in ops and "rsqrt" in ops, ops
+    _matches_eager(module, model, [torch.randn(2, 5, 16)], ("reference", "cpu"))
+
+
+class Attend(nn.Module):
+    """Scaled-dot-product attention over [B, H, S, Dh] heads, causal or under another mask."""
+
+    def __init__(self, variant: str, s: int) -> None:
+        super().__init__()
+        self.variant = variant
+        seen = torch.ones(s, s, dtype=torch.bool).tril()
+        if variant == "window":  # a sliding window of 3: causal-like, not causal
+            seen &= ~torch.ones(s, s, dtype=torch.bool).tril(-3)
+        elif variant == "shifted":  # each query sees the keys before it and not itself (row 0: none)
+            seen = torch.ones(s, s, dtype=torch.bool).tril(-1)
+        self.register_buffer("seen", seen)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.variant == "causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.variant == "full":
+            return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.seen)
+
+
+# "shifted" leaves query 0 no key: its softmax row is NaN until torch's safe softmax zeroes it
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("variant", ["causal", "window", "shifted", "full"])
+def test_attention_variants(variant: str) -> None:
+    torch.manual_seed(5)
+    s = 6
+    module = Attend(variant, s).eval()
+    shape = (1, 4, s, 8)
+    model = from_torch(module, tuple(torch.randn(shape) for _ in range(3)))
+    ops = [n.op for n in model.graph.nodes]
+    if variant == "causal":
+        assert ops.count("attention") == 1 and "softmax" not in ops, ops
+    else:
+        assert "attention" not in ops and "softmax" in ops, ops
+    _matches_eager(module, model, [torch.randn(shape) for _ in range(3)], ("reference", "cpu"))
+
+
+class Rotary(nn.Module):
+    """transformers' rotary embedding on q ([B, H, S, Dh]) at positions 0..S-1, or one change to it."""
+
+    def __init__(self, variant: str, head_dim: int = 8, theta: float = 10000.0) -> None:
+        super().__init__()
+        self.variant = variant
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if variant == "scaled_freqs":  # linear rope scaling: the frequencies of no default base
+            inv = inv / torch.tensor([1.0, 1.0, 2.0, 2.0])
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        s = q.shape[2]
+        positions = torch.arange(s)[None, :, None].float()  # [1, S, 1]
+        freqs = positions * self.inv_freq  # [1, S, Dh / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [1, 1, S, Dh]
+        half = q.shape[-1] // 2
+        x1, x2 = q[..., :half], q[..., half:]
+        if self.variant == "swapped_sign":
+            rotated = torch.cat((x2, -x1), dim=-1)
+        else:
+            rotated = torch.cat((-x2, x1), dim=-1)
+        return q * cos + rotated * sin
+
+
+@pytest.mark.parametrize("variant", ["rope", "swapped_sign", "scaled_freqs"])
+def test_rope_variants(variant: str) -> None:
+    module = Rotary(variant).eval()
+    shape = (2, 3, 5, 8)
+    model = from_torch(module, (torch.randn(shape),))
+    ops = [n.op for n in model.graph.nodes]
+    if variant == "rope":
+        assert ops.count("rope") == 1 and "cos" not in ops, ops
+    else:
+        assert "rope" not in ops and "cos" in ops, ops
+    _matches_eager(module, model, [torch.randn(shape)], ("reference", "cpu"))
