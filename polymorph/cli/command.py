@@ -309,7 +309,7 @@ def _verify_program_exact(args: argparse.Namespace) -> int:
     from polymorph import api
     from polymorph.cli import tensors
     from polymorph.frontend import load_pt2
-    from polymorph.frontend.tensors import bind_inputs
+    from polymorph.frontend.tensors import bind_inputs, bind_program
     from polymorph.ir.dtypes import DType
     from polymorph.knobs import knobs
     from polymorph.pipeline.backend import registry
@@ -317,6 +317,8 @@ def _verify_program_exact(args: argparse.Namespace) -> int:
 
     backend = args.backend or knobs.backend
     model = load_pt2(args.model, dtype=args.dtype)
+    if args.inputs:  # a program with dynamic dims at the given inputs' shapes (the fresh draws' too)
+        model, _ = bind_program(model, tensors._read_inputs(args.inputs))
     artifact = api.compile(model, backend)
     exe = registry.get(artifact.plan.backend).load(artifact, model.weights())
     seed = int(np.random.default_rng().integers(2**31)) if args.seed is None else args.seed
