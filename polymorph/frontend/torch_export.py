@@ -155,6 +155,7 @@ class ExportedModel(Model):
         graph, weights, names = _import(
             src.decomposed, self.name, {src.symbols[k]: v for k, v in sizes.items()}, src.float_dtype
         )
+        _record_int_ranges(graph, self.program, names)
         return replace(self, graph=graph, _weights=weights, input_names=names, sizes=sizes)
 
     def at(self, shapes: Mapping[str, Sequence[int]]) -> ExportedModel:
@@ -390,6 +391,12 @@ def _dynamic_dims(
                     hint = int(examples[i].shape[axis])
                 if hint is not None:
                     example[str(expr)] = int(hint)
+            # A symbol seen only inside a derived dim (2*s0): its example value from the shape env.
+            env = getattr(d.node, "shape_env", None)
+            known = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", None) or {}
+            for s in expr.free_symbols:
+                if str(s) not in example and s in known:
+                    example[str(s)] = int(known[s])
         input_dims[node.name] = tuple(exprs)
     dims = []
     ranges = {str(k): v for k, v in decomposed.range_constraints.items()}
