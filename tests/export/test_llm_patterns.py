@@ -229,3 +229,20 @@ def test_rope_variants(variant: str) -> None:
     else:
         assert "rope" not in ops and "cos" in ops, ops
     _matches_eager(module, model, [torch.randn(shape)], ("reference", "cpu"))
+
+
+@pytest.mark.parametrize("backend", ["cuda", "rocm"])
+def test_imported_llama_lowers_onto_the_gpu_kernels(backend: str) -> None:
+    """No device needed: with the patterns raised, nothing of the program is left to the general ops
+    (which the GPU backends do not run); head_dim 16, the Triton attention's smallest."""
+    _needs_transformers()
+    pytest.importorskip("triton")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(11)
+    cfg = LlamaConfig(**{**LLAMA, "hidden_size": 64, "num_hidden_layers": 1})
+    model = from_torch(LlamaForCausalLM(cfg).eval(), (torch.randint(0, LLAMA["vocab_size"], (1, PROMPT)),))
+    plan = api.lower(model, backend).plan
+    files = {g.pattern: g.kernel.file for g in plan.groups}
+    assert all(f.startswith("triton/") for f in files.values()), files
+    assert files["attention"] == "triton/prefill_attention.py" and files["rope"] == "triton/rope.py", files
