@@ -626,7 +626,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
     try:
         while time.monotonic() < deadline:
             run.adopt_posts(by_group, opts.out / "sources")
-            for p, r in run.collect():
+            collected = run.collect()
+            for p, r in collected:
                 _record(result, by_sig, stock_ids, run, p, r)
                 demoted = _demote_if_failed(reg, result, warm, r)
                 if demoted is not None and warm[r.candidate][1]:
@@ -636,6 +637,8 @@ def _tune_bucket(opts: TuneOptions, backend: Any, profile: str, bucket: Any, reg
                         if space.signature == demoted.key.op_signature:
                             space.champion = None
                     covered, result.skipped = False, ""
+            if collected:
+                _measured_shares(spaces.spaces, by_sig)
             alive = [p for p in procs if p.is_alive()]
             if len(alive) < opts.workers and result.workers_started >= 3 * opts.workers + 3:
                 raise UserError(
@@ -795,6 +798,20 @@ def _record(result: BucketResult, by_sig: dict, stock_ids: dict, run: _Run, p: P
                     "median_s": median, "spread_s": r.measurements.get("spread_s"), "agent": p.agent,
                     "reasoning": p.reasoning, "gates": r.gates, "candidate": r.candidate,
                     "trials": r.measurements.get("trials")}  # fmt: skip
+
+
+def _measured_shares(spaces: list[GroupSpace], by_sig: dict) -> None:
+    """Each space's share of the step from its stock kernel's measured time (times its groups), once
+    every space's stock kernel has been measured: the schedule then works on the groups that take the
+    time, not on those the compile's prediction favoured (on a cpu without a calibration the prediction
+    is bytes moved, which put rope and the norms at 0% of a step they took a third of)."""
+    times = {s.signature: by_sig[s.signature].stock_s for s in spaces}
+    if not times or any(t is None for t in times.values()):
+        return
+    total = sum(t * len(s.groups) for s, t in ((s, times[s.signature]) for s in spaces)) or 1.0
+    for space in spaces:
+        space.share = times[space.signature] * len(space.groups) / total
+        by_sig[space.signature].share = space.share
 
 
 def _demote_if_failed(reg: Registry, result: BucketResult, warm: Mapping[int, tuple[Champion, bool]],
