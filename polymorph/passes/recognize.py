@@ -36,6 +36,7 @@ import numpy as np
 from polymorph.ir.dtypes import DType
 from polymorph.ir.graph import Graph, Node, TensorType
 from polymorph.ir.ops import OpError, infer_node, normalize_attrs, op_def
+from polymorph.ir.reference import rope_inv_freq
 from polymorph.passes.dce import dce
 
 # The rotate-half layouts a rope rule can see: heads before positions (transformers' q/k after their
@@ -304,16 +305,15 @@ def _table(view: _View, value: str, func: str) -> _Table | None:
 
 def _rope_theta(inv: np.ndarray, head_dim: int) -> float | None:
     """The base whose default inverse frequencies (the rope op's) are `inv`, if there is one."""
-    from polymorph.ir.reference import rope_inv_freq
-
     if head_dim < 4 or inv.shape != (head_dim // 2,) or not np.all(np.isfinite(inv)) or inv[1] <= 0:
         return None
     theta = float(np.float64(inv[1]) ** (-head_dim / 2))
     for candidate in (round(theta), theta):  # the config's base is usually a whole number
         if candidate <= 1:
             continue
-        want = rope_inv_freq(head_dim, {"theta": float(candidate)}, dtype=np.float64)
-        if np.allclose(inv.astype(np.float64), want, rtol=1e-6, atol=0):
+        # Within 2 ulp: transformers computes the powers in float32, the rope op in float64.
+        want = rope_inv_freq(head_dim, {"theta": float(candidate)})
+        if np.all(np.abs(inv.astype(np.float32) - want) <= 2 * np.spacing(want)):
             return float(candidate)
     return None
 
@@ -462,7 +462,7 @@ def _attention(view: _View, anchor: Node) -> _Match | None:
     if add is None:
         return None
     for scores4, m in _orders(add):
-        if _is_causal(view.const(m), shape) and view.node(scores4, "reshape") is not None:
+        if _is_causal(view.const(m), shape) and view.shape(scores4) == shape:
             break
     else:
         return None
