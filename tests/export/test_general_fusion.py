@@ -6,6 +6,7 @@ unfused plan (each op rounded to its dtype, as its own kernel does)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from polymorph import api
+from polymorph.engine.controller import Controller
+from polymorph.engine.gates import NUMERICS
 from polymorph.frontend import from_torch
 from polymorph.frontend.tensors import run_on
 from polymorph.ir import reference
 from polymorph.ir.dtypes import DType
 from polymorph.passes import fuse_general
 from polymorph.pipeline.backend import registry
+from polymorph.pipeline.kernel_files import kernels_root
 from polymorph.verify.tolerance import compare, model_tolerance
 
 # x * sigmoid(x) is raised to silu at import (polymorph/passes/recognize.py) where recognition runs.
@@ -169,3 +173,23 @@ def test_values_read_elsewhere_bound_the_groups() -> None:
     got = run_on(model, {model.input_names[0]: x}, "cpu")
     for i, w in enumerate(want):
         assert compare(got[f"output_{i}"], w, model_tolerance(DType.F32)).ok, i
+
+
+def test_engine_swaps_a_fused_group(tmp_path: Path) -> None:
+    """A fused group is a unit of the engine like any other: a config of its kernel file swaps in and
+    passes the gates; a candidate 1% off in one op of the group is rejected by the numerics gate."""
+
+    module, model, example = block()
+    path = tmp_path / "block.pt2"
+    torch.export.save(torch.export.export(module, example, strict=False), str(path))
+    stock = kernels_root() / KERNEL["cpu"]
+    bad = tmp_path / "general_fused_off.py"
+    text = stock.read_text()
+    bad.write_text(text.replace('"add": torch.add,', '"add": lambda a, b: a + 1.01 * b,'))
+    assert bad.read_text() != text
+    with Controller.start(str(path), "cpu") as engine:
+        (group,) = [g for g in engine.groups() if engine.plan_group(g)["pattern"] == SOFTMAX]
+        _, good = engine.try_candidate(group, str(stock), {"round": "output"})
+        assert good is not None and good.ok, [(g.name, g.cause) for g in good.failed()]
+        _, off = engine.try_candidate(group, str(bad), {})
+        assert off is not None and [g.name for g in off.failed()] == [NUMERICS], off.failed()
