@@ -19,7 +19,7 @@ the rest of the graph is never lost. Rules run in order (each over the graph the
 rope reads the attention layout that linear leaves, attention reads rope's output.
 
 Not recognized yet: MoE blocks (routers and per-expert loops stay general), rope scaling other than
-none (linear, llama3, yarn: the frequencies do not name their type), partial rotary dims, sliding
+none or linear (llama3, yarn...: the frequencies do not name their parameters), partial rotary dims, sliding
 windows and soft-capping in attention, norms with a bias or a (1 + w) weight, and graphs in another
 dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so the ops' f32 statistics would
 round differently from the program).
@@ -303,19 +303,29 @@ def _table(view: _View, value: str, func: str) -> _Table | None:
     return None
 
 
-def _rope_theta(inv: np.ndarray, head_dim: int) -> float | None:
-    """The base whose default inverse frequencies (the rope op's) are `inv`, if there is one."""
-    if head_dim < 4 or inv.shape != (head_dim // 2,) or not np.all(np.isfinite(inv)) or inv[1] <= 0:
+def _rope_type(inv: np.ndarray, head_dim: int) -> dict[str, object] | None:
+    """The rope op attributes whose inverse frequencies are `inv`, if there are: the default type
+    (theta ** (-2i / d)) or linear scaling (the same divided by a factor). Other types (llama3, yarn,
+    dynamic...) scale each frequency differently and do not say their parameters: they stay general."""
+    if head_dim < 4 or inv.shape != (head_dim // 2,) or not np.all(np.isfinite(inv)) or np.any(inv <= 0):
         return None
-    theta = float(np.float64(inv[1]) ** (-head_dim / 2))
-    for candidate in (round(theta), theta):  # the config's base is usually a whole number
-        if candidate <= 1:
-            continue
-        # Within 2 ulp: transformers computes the powers in float32, the rope op in float64.
-        want = rope_inv_freq(head_dim, {"theta": float(candidate)})
-        if np.all(np.abs(inv.astype(np.float32) - want) <= 2 * np.spacing(want)):
-            return float(candidate)
+    inv64 = inv.astype(np.float64)
+    theta = float((inv64[1] / inv64[0]) ** (-head_dim / 2))
+    factor = float(1.0 / inv64[0])
+    for t in _round_first(theta):  # a config's base and factor are usually whole numbers
+        for f in _round_first(factor):
+            attrs: dict[str, object] = {"theta": t}
+            if f != 1.0:
+                attrs.update(rope_type="linear", factor=f)
+            # Within 2 ulp: transformers computes the powers in float32, the rope op in float64.
+            want = rope_inv_freq(head_dim, attrs)
+            if t > 1 and f > 0 and np.all(np.abs(inv.astype(np.float32) - want) <= 2 * np.spacing(want)):
+                return attrs
     return None
+
+
+def _round_first(x: float) -> tuple[float, ...]:
+    return tuple(dict.fromkeys((float(round(x)), round(x, 3), x)))
 
 
 def _rope(view: _View, root: Node) -> _Match | None:
@@ -377,9 +387,9 @@ def _rope_match(
         return None
     if view.shape(sin4) != view.shape(cos4) or bt not in (1, shape[0]):
         return None
-    theta = _rope_theta(view.const(cos.inv_freq), dh)  # type: ignore[arg-type]
+    rope = _rope_type(view.const(cos.inv_freq), dh)  # type: ignore[arg-type]
     positions = _positions(view.const(cos.positions), shape[0])  # type: ignore[arg-type]
-    if theta is None or positions is None:
+    if rope is None or positions is None:
         return None
     pos_name = _positions_param(view, cos.positions, positions)
     name = _rope_name(view, x) or _prefix([root.name, cos_mul.name, sin_mul.name, cat.name]) + ".rope"
@@ -392,15 +402,14 @@ def _rope_match(
         else:
             nodes.append(_new(view, f"{name}.to_bshd", "transpose", (x,), None, perm=_TO_BSHD))
             src = nodes[-1].outputs[0]
-        nodes.append(
-            _new(view, name, "rope", (src, pos_name), None, theta=theta, attention_factor=cos.factor)
-        )
+        nodes.append(_new(view, name, "rope", (src, pos_name), None, attention_factor=cos.factor, **rope))
         nodes.append(
             _new(view, f"{name}.to_bhsd", "transpose", nodes[-1].outputs, root.outputs[0], perm=_TO_BSHD)
         )
     else:
-        nodes.append(_new(view, name, "rope", (src, pos_name), root.outputs[0], theta=theta,
-                          attention_factor=cos.factor))  # fmt: skip
+        nodes.append(
+            _new(view, name, "rope", (src, pos_name), root.outputs[0], attention_factor=cos.factor, **rope)
+        )
     inner = frozenset({cos_mul.name, sin_mul.name, cat.name, neg.name, first.name, second.name})  # type: ignore[union-attr]
     params = {pos_name: positions} if pos_name not in view.graph.params else {}
     return _Match(root.name, tuple(nodes), inner, params)

@@ -199,7 +199,9 @@ class Rotary(nn.Module):
         super().__init__()
         self.variant = variant
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        if variant == "scaled_freqs":  # linear rope scaling: the frequencies of no default base
+        if variant == "linear_scaling":  # every frequency divided by 4: the rope op's linear type
+            inv = inv / 4.0
+        elif variant == "scaled_freqs":  # only the low ones divided (llama3-like): of no type it has
             inv = inv / torch.tensor([1.0, 1.0, 2.0, 2.0])
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -218,14 +220,18 @@ class Rotary(nn.Module):
         return q * cos + rotated * sin
 
 
-@pytest.mark.parametrize("variant", ["rope", "swapped_sign", "scaled_freqs"])
+@pytest.mark.parametrize("variant", ["rope", "linear_scaling", "swapped_sign", "scaled_freqs"])
 def test_rope_variants(variant: str) -> None:
     module = Rotary(variant).eval()
     shape = (2, 3, 5, 8)
     model = from_torch(module, (torch.randn(shape),))
     ops = [n.op for n in model.graph.nodes]
-    if variant == "rope":
+    if variant in ("rope", "linear_scaling"):
         assert ops.count("rope") == 1 and "cos" not in ops, ops
+        (rope,) = (n for n in model.graph.nodes if n.op == "rope")
+        assert (rope.attrs["rope_type"], rope.attrs["factor"]) == (
+            ("linear", 4.0) if variant == "linear_scaling" else ("default", 1.0)
+        )
     else:
         assert "rope" not in ops and "cos" in ops, ops
     _matches_eager(module, model, [torch.randn(shape)], ("reference", "cpu"))
