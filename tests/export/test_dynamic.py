@@ -153,3 +153,17 @@ def test_an_engine_gates_at_a_bucket(pt2: Path) -> None:
         _, report = engine.try_candidate(group["id"], f"kernels/{group['kernel']}", {})  # its stock kernel
         assert report is not None and report.ok, [(g.name, g.verdict, g.cause) for g in report.gates]
         assert report.gate(NUMERICS).verdict == "pass"
+
+
+def test_tune_runs_every_bucket_at_its_shapes(pt2: Path, tmp_path: Path) -> None:
+    """A short tune (no time to measure: what is checked is that each bucket is planned, and its
+    engine loaded, at its own shapes, and each gets its own output folder)."""
+    from polymorph.search.tune import TuneOptions, tune
+
+    out = tmp_path / "tuned"
+    report = tune(TuneOptions(model=str(pt2), budget_s=3.0, out=out, quiet=True))  # each: a second
+    assert [b.bucket for b in report.buckets] == ["shape-3x5x8", "shape-2x2x8", "shape-6x12x8"]
+    for b in report.buckets:  # the projection's signature at the bucket's [batch, length, 8]
+        shape = b.bucket.removeprefix("shape-").replace("x", ",")
+        assert any(s.signature.startswith(f"linear(f32[{shape}]") for s in b.signatures), b.signatures
+    assert (out / "plan.json").exists() and (out / "shape-6x12x8" / "plan.json").exists()
