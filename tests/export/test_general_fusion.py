@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from polymorph import api
 from polymorph.engine.controller import Controller
@@ -193,3 +195,87 @@ def test_engine_swaps_a_fused_group(tmp_path: Path) -> None:
         assert good is not None and good.ok, [(g.name, g.cause) for g in good.failed()]
         _, off = engine.try_candidate(group, str(bad), {})
         assert off is not None and [g.name for g in off.failed()] == [NUMERICS], off.failed()
+
+
+# --- random programs ---------------------------------------------------------------------------------
+
+R, C = 3, 5  # rows, columns: every value is [R, C] or broadcasts into it
+_SHAPES = ((R, C), (R, 1), (1, C), (C,), (1, 1))
+_UNARY = ("tanh", "sigmoid", "neg", "abs", "relu", "sin")  # bounded, so chains stay finite
+_BINARY = ("add", "mul", "sub", "maximum", "minimum")
+_REDUCE = ("reduce_sum", "reduce_max", "reduce_mean", "softmax")
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> tuple[Any, dict[str, np.ndarray]]:
+    """A random imported-like program: elementwise ops, reductions over either axis and matmuls, each
+    reading earlier values, several of them outputs."""
+    from polymorph.ir.builder import GraphBuilder
+
+    b = GraphBuilder("random", meta={"source": "torch.export"})
+    shapes = {b.input("x", DType.F32, (R, C)): (R, C)}
+    for i, shape in enumerate(draw(st.lists(st.sampled_from(_SHAPES), min_size=1, max_size=3))):
+        shapes[b.param(f"p{i}", DType.F32, shape)] = shape
+    b.param("w", DType.F32, (C, C))
+    for i in range(draw(st.integers(2, 12))):
+        values = sorted(shapes)
+        kind = draw(st.sampled_from(("unary", "binary", "binary", "reduce", "matmul")))
+        x = draw(st.sampled_from(values))
+        if kind == "unary":
+            y = b.op(draw(st.sampled_from(_UNARY)), f"n{i}", x)
+            shapes[y] = shapes[x]
+        elif kind == "binary":
+            z = draw(st.sampled_from(values))
+            y = b.op(draw(st.sampled_from(_BINARY)), f"n{i}", x, z)
+            shapes[y] = tuple(np.broadcast_shapes(shapes[x], shapes[z]))
+        elif kind == "reduce" and len(shapes[x]) == 2:
+            op, axis = draw(st.sampled_from(_REDUCE)), draw(st.sampled_from((0, 1)))
+            attrs = {"axis": axis} if op == "softmax" else {"axes": (axis,), "keepdims": True}
+            y = b.op(op, f"n{i}", x, **attrs)
+            shapes[y] = (
+                shapes[x]
+                if op == "softmax"
+                else tuple(1 if a == axis else d for a, d in enumerate(shapes[x]))
+            )
+        elif shapes[x] == (R, C):
+            y = b.op("matmul", f"n{i}", x, "w")
+            shapes[y] = (R, C)
+        else:
+            continue
+    made = [v for v in shapes if v.startswith("n")]
+    if not made:
+        made = [b.op("tanh", "n_last", "x")]
+    for k, v in enumerate(dict.fromkeys([made[-1], *draw(st.lists(st.sampled_from(made), max_size=3))])):
+        b.output(f"output_{k}", v)
+    graph = b.build()
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    weights = {n: rng.standard_normal(t.shape).astype(np.float32) for n, t in graph.params.items()}
+    return graph, weights
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_programs_fuse_soundly(program: tuple[Any, dict[str, np.ndarray]]) -> None:
+    """Every general group has one output, fusable ops only and one reduced space; the groups run in a
+    valid order (fuse checks it), and the cpu plan equals the reference within the f32 tolerance."""
+    from polymorph.hardware.profile import load_profile
+
+    graph, weights = program
+    backend = registry.get("cpu")
+    plan = backend.lower(graph, load_profile("cpu"))
+    by_name = {n.name: n for n in plan.graph.nodes}
+    types = plan.graph.types()
+    for g in plan.groups:
+        if not fuse_general.family(g.pattern):
+            continue
+        nodes = [by_name[n] for n in g.nodes]
+        assert len(g.outputs) == 1 and len(nodes) > 1, g
+        assert all(n.op in fuse_general.FUSABLE_OPS for n in nodes), g
+        spaces = {fuse_general.reduced_space(n, types) for n in nodes if n.op in fuse_general.REDUCTION_OPS}
+        assert len(spaces) <= 1, g
+        assert g.kernel.file == KERNEL["cpu"], g
+    inputs = {"x": np.random.default_rng().standard_normal((R, C)).astype(np.float32)}
+    got = backend.load(backend.compile(plan), weights).run(inputs)
+    want = reference.run(plan.graph, weights, inputs, {})
+    for name, expected in want.items():
+        assert compare(got[name], expected, model_tolerance(DType.F32)).ok, name
