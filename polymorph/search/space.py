@@ -4,6 +4,7 @@ same spec), the traffic buckets a run tunes, and the toolchain string the regist
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +22,30 @@ TOOLCHAIN_PACKAGES = {"torch": ("torch",), "triton": ("torch", "triton"), "xla":
 
 
 def toolchain(backend: str) -> str:
-    """The versions a measurement depends on, e.g. "cuda: torch 2.11.0, triton 3.6.0"."""
+    """The versions a measurement depends on, e.g. "cuda: torch 2.11.0, triton 3.6.0, kernels 3f2c1a9e04b1":
+    the packages, and the kernel library the search ran over (a hash of its files). A champion found
+    over another library is one of another toolchain: a later tune re-verifies it as a warm start and
+    searches the library's new choices, instead of taking the old search as the last word."""
     from polymorph.pipeline.backend import registry
 
+    language = registry.get(backend).language
     parts = []
-    for pkg in TOOLCHAIN_PACKAGES.get(registry.get(backend).language, ("torch",)):
+    for pkg in TOOLCHAIN_PACKAGES.get(language, ("torch",)):
         try:
             parts.append(f"{pkg} {importlib.metadata.version(pkg)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{pkg} absent")
+    parts.append(f"kernels {library_hash(language)}")
     return f"{backend}: {', '.join(parts)}"
+
+
+def library_hash(language: str) -> str:
+    """The first 12 hex digits of a sha256 over the kernel library of `language`: every file's name and
+    content (shared modules included), in name order."""
+    digest = hashlib.sha256()
+    for path in sorted((kernels_root() / language).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:12]
 
 
 def buckets_of(traffic: str | Path | None, batch: int | None, ctx: int | None) -> list[Bucket]:

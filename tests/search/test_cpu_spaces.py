@@ -6,6 +6,7 @@ were accepted and measured."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,19 @@ def test_a_short_cpu_tune_accepts_and_measures_candidates_from_the_new_spaces(tm
     assert any(set(c.config) & new_keys for c in passed), [c.config for c in passed]
     ab = bucket.ab
     assert ab.get("gate") == "passed" and len(ab["stock_s"]) == len(ab["tuned_s"]) >= 2
+
+
+def test_a_champion_of_another_kernel_library_is_another_toolchain(tmp_path: Path, monkeypatch) -> None:
+    """The registry key's toolchain names the kernel library the search ran over: a library with a new
+    choice makes the old champions warm starts of another toolchain, not the last word on the bucket."""
+    from polymorph.search import space as space_module
+
+    before = space_module.toolchain("cpu")
+    assert before.startswith("cpu: torch ") and f"kernels {space_module.library_hash('torch')}" in before
+    library = tmp_path / "kernels"
+    shutil.copytree(space_module.kernels_root() / "torch", library / "torch")
+    monkeypatch.setattr(space_module, "kernels_root", lambda: library)
+    assert space_module.toolchain("cpu") == before  # the same files: the same toolchain
+    norm = library / "torch" / "norm.py"
+    norm.write_text(norm.read_text() + "\n# one more line\n")
+    assert space_module.toolchain("cpu") != before
