@@ -88,7 +88,7 @@ def ab_lines(ab: dict[str, Any]) -> list[str]:
     low, high = ab["interval"]
     lines = [
         f"end to end, whole decode steps {where}: {ab['pairs']} alternating pairs,",
-        f"  {ab['trials']} steps per arm (median of 3 rounds each; p10-p90 over the pairs):",
+        f"  {ab['trials']} steps per arm (the fastest of 3 rounds each; p10-p90 over the pairs):",
         f"  untuned {console.seconds(float(np.median(stock)))} ({_p10_p90(stock)}), "
         f"tuned {console.seconds(float(np.median(tuned)))} ({_p10_p90(tuned)})",
         f"  tuned/untuned {ab['ratio']:.3f}x, 95% bootstrap interval {low:.3f}-{high:.3f}:",
