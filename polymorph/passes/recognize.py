@@ -19,10 +19,10 @@ the rest of the graph is never lost. Rules run in order (each over the graph the
 rope reads the attention layout that linear leaves, attention reads rope's output.
 
 Not recognized yet: MoE blocks (routers and per-expert loops stay general), rope scaling other than
-none or linear (llama3, yarn...: the frequencies do not name their parameters), partial rotary dims, sliding
-windows and soft-capping in attention, norms with a bias or a (1 + w) weight, and graphs in another
-dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so the ops' f32 statistics would
-round differently from the program).
+none, linear or llama3 (yarn, longrope, dynamic: the frequencies alone do not give their parameters),
+partial rotary dims, sliding windows and soft-capping in attention, norms with a bias or a (1 + w)
+weight, and graphs in another dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so
+the ops' f32 statistics would round differently from the program).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class _View:
         self.consumers = graph.consumers()
         self.taken = set(self.types) | {n.name for n in graph.nodes}
         self.new_params: dict[str, np.ndarray] = {}
+        self.rope_types: dict[tuple[str, int], dict[str, object] | None] = {}
 
     def node(self, value: str, op: str) -> Node | None:
         """The node that defines `value`, if it is an `op`."""
@@ -304,24 +305,82 @@ def _table(view: _View, value: str, func: str) -> _Table | None:
 
 
 def _rope_type(inv: np.ndarray, head_dim: int) -> dict[str, object] | None:
-    """The rope op attributes whose inverse frequencies are `inv`, if there are: the default type
-    (theta ** (-2i / d)) or linear scaling (the same divided by a factor). Other types (llama3, yarn,
-    dynamic...) scale each frequency differently and do not say their parameters: they stay general."""
+    """The rope op attributes whose inverse frequencies are `inv` (within 8 float32 ulp at every one:
+    transformers computes them in float32, the rope op in float64, and llama3's smoothed band differs
+    by up to 6 ulp; a builder graph of the same config has the same frequencies, and another base or
+    factor is thousands of ulp away or more), if there are: the
+    default type (theta ** (-2i / d)), linear scaling (all of them divided by one factor) or llama3
+    (the low ones divided, a smooth band between). Other types (yarn, longrope, dynamic...) stay
+    general."""
     if head_dim < 4 or inv.shape != (head_dim // 2,) or not np.all(np.isfinite(inv)) or np.any(inv <= 0):
         return None
     inv64 = inv.astype(np.float64)
-    theta = float((inv64[1] / inv64[0]) ** (-head_dim / 2))
-    factor = float(1.0 / inv64[0])
-    for t in _round_first(theta):  # a config's base and factor are usually whole numbers
-        for f in _round_first(factor):
-            attrs: dict[str, object] = {"theta": t}
-            if f != 1.0:
-                attrs.update(rope_type="linear", factor=f)
-            # Within 2 ulp: transformers computes the powers in float32, the rope op in float64.
-            want = rope_inv_freq(head_dim, attrs)
-            if t > 1 and f > 0 and np.all(np.abs(inv.astype(np.float32) - want) <= 2 * np.spacing(want)):
+
+    def fits(attrs: dict[str, object]) -> bool:
+        want = rope_inv_freq(head_dim, attrs)
+        return bool(np.all(np.abs(inv.astype(np.float32) - want) <= 8 * np.spacing(want)))
+
+    # The highest frequencies are unscaled by llama3, divided by one factor by linear: the base from
+    # inv[k] / inv[0] = theta ** (-2k / d), for the first k (a larger k amplifies inv's rounding less).
+    thetas = [float((inv64[k] / inv64[0]) ** (-head_dim / (2 * k))) for k in range(1, min(8, len(inv)))]
+    for t in dict.fromkeys(c for theta in thetas for c in _round_first(theta)):
+        if not t > 1:
+            continue
+        for f in _round_first(float(1.0 / inv64[0])):
+            attrs: dict[str, object] = (
+                {"theta": t} if f == 1.0 else {"theta": t, "rope_type": "linear", "factor": f}
+            )
+            if f > 0 and fits(attrs):
+                return attrs
+        for attrs in _llama3_candidates(inv64, head_dim, t):
+            if fits(attrs):
                 return attrs
     return None
+
+
+def _llama3_candidates(inv: np.ndarray, head_dim: int, theta: float) -> Iterator[dict[str, object]]:
+    """llama3 attributes that may give `inv`: the factor is the lowest frequency's division, and the
+    band edges come from a line through the smoothed frequencies (two or more of them), or from the
+    gap between the scaled and unscaled ones (none smoothed), or they are Llama 3's own (low 1, high
+    4, 8192 positions); the caller checks each against every frequency.
+    Attributes that give the same frequencies at this head_dim are the same rope."""
+    default = rope_inv_freq(head_dim, {"theta": theta}, dtype=np.float64)
+    ratio = inv / default
+    if ratio.min() >= 1 - 1e-6:
+        return
+    for factor in _round_first(float(1.0 / ratio.min())):
+        base: dict[str, object] = {"theta": theta, "rope_type": "llama3", "factor": factor}
+        yield {
+            **base,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+        if factor <= 1:
+            continue
+        smooth = (ratio - 1 / factor) / (1 - 1 / factor)  # 0 in the low band, 1 in the high band
+        medium = (smooth > 1e-4) & (smooth < 1 - 1e-4)
+        wavelen = 2 * math.pi / default
+        if not medium.any():  # no smoothed band (Llama 4's equal factors): one edge, in the gap
+            high, low = wavelen[smooth >= 1 - 1e-4], wavelen[smooth <= 1e-4]
+            old = math.ceil(high.max()) if high.size else 1
+            if not low.size or old < low.min():
+                yield {**base, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                       "original_max_position_embeddings": old}  # fmt: skip
+        if medium.sum() < 2:
+            continue
+        # smooth = old / wavelen / (hi - lo) - lo / (hi - lo): 0 at 1 / wavelen = lo / old, 1 at hi / old
+        u = 1 / wavelen
+        slope, intercept = np.polyfit(u[medium], smooth[medium], 1)
+        if not slope > 0:
+            continue
+        u_lo, u_hi = -intercept / slope, (1 - intercept) / slope
+        if not 0 < u_lo < u_hi:
+            continue
+        old = round(1 / u_lo)  # low_freq_factor 1: the rope op takes the context length as an integer
+        if old >= 1:
+            yield {**base, "low_freq_factor": 1.0, "high_freq_factor": round(float(old * u_hi), 3),
+                   "original_max_position_embeddings": old}  # fmt: skip
 
 
 def _round_first(x: float) -> tuple[float, ...]:
@@ -387,7 +446,10 @@ def _rope_match(
         return None
     if view.shape(sin4) != view.shape(cos4) or bt not in (1, shape[0]):
         return None
-    rope = _rope_type(view.const(cos.inv_freq), dh)  # type: ignore[arg-type]
+    key = (cos.inv_freq, dh)
+    if key not in view.rope_types:  # every layer reads the one inv_freq: its type is found once
+        view.rope_types[key] = _rope_type(view.const(cos.inv_freq), dh)  # type: ignore[arg-type]
+    rope = view.rope_types[key]
     positions = _positions(view.const(cos.positions), shape[0])  # type: ignore[arg-type]
     if rope is None or positions is None:
         return None

@@ -117,6 +117,41 @@ def test_imported_llama_matches_eager(llama: Any) -> None:
     _matches_eager(module, model, [ids], ("reference", "cpu", "neuron"))
 
 
+ROPE_SCALING = {
+    "llama3": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},  # stays general
+}  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # transformers on the tiny contexts of these configs
+@pytest.mark.parametrize("scaling", list(ROPE_SCALING))
+def test_rope_scaling_of_an_imported_llama(scaling: str) -> None:
+    """A Llama 3.2-like llama3 scaling (head_dim 64, factor 32) and a linear one become rope ops of
+    that type, their parameters read off inv_freq; yarn (attention factor, ramp) stays general."""
+    _needs_transformers()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(13)
+    want = ROPE_SCALING[scaling]
+    cfg = {
+        **LLAMA,
+        "hidden_size": 256,
+        "num_hidden_layers": 1,
+        "rope_scaling": dict(want),
+    }  # a copy: it grows
+    module = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    model = from_torch(module, (torch.randint(0, LLAMA["vocab_size"], (1, PROMPT)),))
+    ropes = [n.attrs for n in model.graph.nodes if n.op == "rope"]
+    if scaling == "yarn":
+        assert not ropes
+    else:
+        assert len(ropes) == 2 and all({k: r[k] for k in want} == want for r in ropes), ropes
+    ids = torch.from_numpy(np.random.default_rng().integers(0, LLAMA["vocab_size"], (1, PROMPT)))
+    _matches_eager(module, model, [ids], ("cpu",))
+
+
 # --- near misses: close to a pattern, not it -----------------------------------------------------------
 
 
@@ -201,8 +236,8 @@ class Rotary(nn.Module):
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         if variant == "linear_scaling":  # every frequency divided by 4: the rope op's linear type
             inv = inv / 4.0
-        elif variant == "scaled_freqs":  # only the low ones divided (llama3-like): of no type it has
-            inv = inv / torch.tensor([1.0, 1.0, 2.0, 2.0])
+        elif variant == "scrambled_freqs":  # one middle frequency divided: no rope type does that
+            inv = inv / torch.tensor([1.0, 1.0, 2.0, 1.0])
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
@@ -220,7 +255,7 @@ class Rotary(nn.Module):
         return q * cos + rotated * sin
 
 
-@pytest.mark.parametrize("variant", ["rope", "linear_scaling", "swapped_sign", "scaled_freqs"])
+@pytest.mark.parametrize("variant", ["rope", "linear_scaling", "swapped_sign", "scrambled_freqs"])
 def test_rope_variants(variant: str) -> None:
     module = Rotary(variant).eval()
     shape = (2, 3, 5, 8)
