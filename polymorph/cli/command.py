@@ -404,6 +404,11 @@ def cmd_engine_start(args: argparse.Namespace) -> int:
     console.line(
         f"engine pid {pid} holds {args.model} on {backend}; stop it: polymorph engine stop --engine {address}"
     )
+    from polymorph.cli import tensors
+
+    note = tensors.buckets_note(args.model, args.dtype)  # a program with dynamic dims: its other buckets
+    if note:
+        console.line(note)
     return 0
 
 

@@ -77,3 +77,23 @@ def cmd_verify_program(args: argparse.Namespace) -> int:
         raise CheckFailed(f"{model.name} on {backend}: {bad.name}: {bad.comparison}")
     console.line(f"{model.name} on {backend}: every output matches PyTorch")
     return 0
+
+
+def buckets_note(model: str, dtype: str | None = None) -> str | None:
+    """For a program with dynamic dims, one line naming its buckets (an engine holds one of them; `tune`
+    gates at each); None for anything else."""
+    from polymorph.frontend import load_pt2
+    from polymorph.search.registry import program_bucket
+
+    file = str(model).rsplit("@", 1)[0] if ".pt2@" in str(model) else str(model)  # FILE.pt2[@bucket]
+    if not is_program(file):
+        return None
+    program = load_pt2(file, dtype=dtype)
+    if not program.dims:
+        return None
+    ids = [program_bucket(tuple(program.at_sizes(s).input_shapes().values())) for s in program.bucket_sizes()]
+    ranges = ", ".join(d.describe() for d in program.dims)
+    return (
+        f"{file} has dynamic dims ({ranges}): its buckets are {', '.join(ids)}; an engine holds one "
+        f"(`polymorph engine start {file}@{ids[-1]}`), `polymorph tune {file}` gates at each"
+    )

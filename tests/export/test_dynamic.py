@@ -167,3 +167,11 @@ def test_tune_runs_every_bucket_at_its_shapes(pt2: Path, tmp_path: Path) -> None
         shape = b.bucket.removeprefix("shape-").replace("x", ",")
         assert any(s.signature.startswith(f"linear(f32[{shape}]") for s in b.signatures), b.signatures
     assert (out / "plan.json").exists() and (out / "shape-6x12x8" / "plan.json").exists()
+
+
+def test_engine_start_names_the_buckets(pt2: Path) -> None:
+    from polymorph.cli.tensors import buckets_note
+
+    note = buckets_note(f"{pt2}@shape-2x2x8")
+    assert note is not None and "shape-3x5x8, shape-2x2x8, shape-6x12x8" in note, note
+    assert f"engine start {pt2}@shape-6x12x8" in note
