@@ -67,3 +67,26 @@ def test_a_kernel_that_mishandles_an_index_is_rejected(engine: Any, op: str, ker
     assert report is not None and not report.ok
     gate = report.gate(NUMERICS)
     assert gate.verdict == "fail" and "cannot judge" not in gate.cause, gate.cause
+
+
+def test_index_ranges_follow_a_dynamic_node_count(zoo: Any) -> None:
+    """The GNN with dynamic node and edge counts: at each bucket the edge indices are bounded by that
+    bucket's node count, and the cpu plan matches eager on fresh inputs drawn within it."""
+    from polymorph.frontend import from_torch
+    from polymorph.frontend.tensors import run_on
+    from polymorph.ir.dtypes import DType
+    from polymorph.verify.tolerance import compare, model_tolerance
+
+    torch.manual_seed(3)
+    module, example = zoo.gnn()
+    nodes, edges = torch.export.Dim("nodes", min=4, max=32), torch.export.Dim("edges", min=2, max=96)
+    model = from_torch(module, example, dynamic_shapes=({0: nodes}, {1: edges}))
+    seed = int(np.random.default_rng().integers(2**31))
+    for sizes in model.bucket_sizes():
+        at = model.at_sizes(sizes)
+        n = at.input_shapes()["x"][0]
+        assert legal_ranges(at.graph)["edges"] == (0, n)
+        inputs = at.example_inputs(seed)
+        want = at.run_program(inputs)["output_0"]
+        c = compare(run_on(at, inputs, "cpu")["output_0"], want, model_tolerance(DType.F32))
+        assert c.ok, f"{at.input_shapes()}: {c} (seed {seed})"
