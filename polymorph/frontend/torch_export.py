@@ -261,7 +261,9 @@ def from_torch(
     static: bool = False,
     dtype: str | DType | None = None,
 ) -> ExportedModel:
-    """Export `module` with torch.export (non-strict) at `example_inputs` and import the program."""
+    """Export `module` with torch.export (non-strict) at `example_inputs` and import the program.
+    `dynamic_shapes` is torch.export's (`{"x": {0: Dim("batch", min=1, max=64)}}`): the model is
+    imported at the example's sizes and `at(shapes)` takes it to any others within the ranges."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
