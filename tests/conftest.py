@@ -15,10 +15,23 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# `python -m pytest` (what nox and CI run) puts the working directory first on sys.path. At the
+# checkout's root that is where `kernels/` lies (installed as polymorph.kernels), and a folder of that
+# name shadows the `kernels` distribution transformers >= 5.25 imports: every transformers oracle test
+# then fails on `from kernels import ...`. polymorph itself is imported from its installation, so the
+# root leaves the path (spawned children get the parent's path).
+_ROOT = os.path.realpath(Path(__file__).resolve().parent.parent)
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ROOT]
+if getattr(sys.modules.get("kernels"), "__file__", None) and os.path.realpath(
+    sys.modules["kernels"].__file__
+).startswith(_ROOT + os.sep):
+    del sys.modules["kernels"]
 
 try:
     from hypothesis import settings

@@ -27,13 +27,14 @@ another worker, and a replacement worker is started while budget remains.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,7 @@ from polymorph.cli import console
 from polymorph.cli.outdir import claim_out
 from polymorph.engine.controller import EngineError
 from polymorph.errors import UserError
+from polymorph.knobs import knobs
 from polymorph.pipeline.kernel_files import pinned_sources, store_source
 from polymorph.search.ab import MIN_PAIRS, SLOWER, paired_ratio
 from polymorph.search.agents import GroupSpace, Outcome, Proposal, Schedule, builtin_agents
@@ -377,18 +379,44 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     )
     started = time.monotonic()
     try:
-        for i, bucket in enumerate(buckets):
-            left = opts.budget_s - (time.monotonic() - started)
-            share = left * bucket.weight / sum(b.weight for b in buckets[i:])
-            out_dir = opts.out if i == 0 else opts.out / bucket.id
-            report.buckets.append(
-                _tune_bucket(opts, backend, profile, bucket, reg, share, out_dir, report.toolchain, progress)
-            )
+        with _host_calibration(opts, backend, profile):
+            for i, bucket in enumerate(buckets):
+                left = opts.budget_s - (time.monotonic() - started)
+                share = left * bucket.weight / sum(b.weight for b in buckets[i:])
+                out_dir = opts.out if i == 0 else opts.out / bucket.id
+                report.buckets.append(
+                    _tune_bucket(
+                        opts, backend, profile, bucket, reg, share, out_dir, report.toolchain, progress
+                    )
+                )
     finally:
         reg.close()
     report.elapsed_s = time.monotonic() - started
     (opts.out / "tune-report.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     return report
+
+
+@contextlib.contextmanager
+def _host_calibration(opts: TuneOptions, backend: Any, profile: str) -> Iterator[None]:
+    """A cpu tune on a host with no calibration calibrates it first (`polymorph microbench --backend cpu
+    --quick`, a few seconds of the budget, written into OUT/calibration/ and used by this run only), so
+    that its report's predictions, each group's floor and roofline gap (what `polymorph mcp` shows an
+    agent) rest on this host's measured rates rather than being absent. A calibration already there
+    (POLYMORPH_CALIBRATION_DIR or hwprofiles/measured) is used as it is."""
+    from polymorph.hardware.profile import load_profile
+
+    if backend.name != "cpu" or load_profile(profile, knobs.calibration_dir).calibration is not None:
+        yield
+        return
+    from polymorph.backends.cpu.microbench import run_suite, write_calibration
+
+    folder = opts.out / "calibration"
+    if not (folder / f"{profile}.toml").is_file():  # a resumed run keeps the first run's
+        write_calibration(folder, run_suite(quick=True, threads=1))
+    if not opts.quiet:
+        console.line(f"calibrated this host for the run's predictions (quick suite): {folder}")
+    with knobs.scope(calibration_dir=folder):
+        yield
 
 
 RELATED_WARM_STARTS = 2  # champions of other chips, toolchains or buckets posted per op signature

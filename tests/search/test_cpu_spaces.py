@@ -6,12 +6,14 @@ were accepted and measured."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from polymorph import api
+from polymorph.hardware.profile import load_profile
 from polymorph.search.board import Board
 from polymorph.search.space import group_spaces, predicted_times
 from polymorph.search.tune import TuneOptions, tune
@@ -38,6 +40,7 @@ def test_llama_tiny_on_cpu_has_choices_in_every_tunable_pattern() -> None:
 @pytest.mark.slow
 def test_a_short_cpu_tune_accepts_and_measures_candidates_from_the_new_spaces(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    uncalibrated = load_profile("cpu").calibration is None
     # A generous budget: engine start and the final A/B included, on a machine other jobs load.
     report = tune(
         TuneOptions(model="llama-tiny", backend="cpu", budget_s=120, workers=1, out=out,
@@ -60,6 +63,10 @@ def test_a_short_cpu_tune_accepts_and_measures_candidates_from_the_new_spaces(tm
     assert any(set(c.config) & new_keys for c in passed), [c.config for c in passed]
     ab = bucket.ab
     assert ab.get("gate") == "passed" and len(ab["stock_s"]) == len(ab["tuned_s"]) >= 2
+    if uncalibrated:  # the run calibrated this host first, and its report predicts from that
+        assert (out / "calibration" / "cpu.toml").is_file()
+        kernels = json.loads((out / "report.json").read_text())["kernels"]
+        assert all(k["predicted_s"] and k["predicted_s"] > 0 for k in kernels), kernels[0]
 
 
 def test_a_champion_of_another_kernel_library_is_another_toolchain(tmp_path: Path, monkeypatch) -> None:
