@@ -209,8 +209,10 @@ def _silu(view: _View, root: Node) -> _Match | None:
 
 
 def _linear(view: _View, root: Node) -> _Match | None:
-    """x @ W^T (+ b) with W a [N, K] weight: matmul(reshape(x, [M, K]), transpose(W)), reshaped back
-    to x's leading dims (or x already [M, K]); the bias, where there is one, added to the product."""
+    """x @ W^T (+ b) with W an [N, K] weight, as aten.linear decomposes: matmul(reshape(x, [M, K]),
+    transpose(W)) reshaped back to x's leading dims, or x already [M, K], or (x not contiguous) a
+    batched matmul of x [*, S, K] with transpose(W) expanded to [*, K, N]; the bias, where there is
+    one, added to the product."""
     inner: set[str] = set()
     flat_out = root.outputs[0]
     if root.op == "reshape":
@@ -233,17 +235,21 @@ def _linear(view: _View, root: Node) -> _Match | None:
         return None
     inner.add(core.name)
     a, t = core.inputs
-    tr = view.node(t, "transpose")
-    if tr is None or tuple(tr.attrs["perm"]) != (1, 0) or tr.inputs[0] not in view.graph.params:
+    weight = _weight_of(view, t)
+    if weight is None:
         return None
-    w = tr.inputs[0]
+    w, passed = weight
     n, k = view.shape(w)
-    if len(view.shape(a)) != 2 or view.shape(a)[1] != k or (bias is not None and view.shape(bias) != (n,)):
+    a_shape, t_shape = view.shape(a), view.shape(t)
+    # a plain weight takes a [M, K] operand, a batched one [*, S, K] of the weight's batch dims
+    if len(a_shape) != len(t_shape) or a_shape[:-2] != t_shape[:-2] or a_shape[-1] != k:
+        return None
+    if bias is not None and view.shape(bias) != (n,):
         return None
     x = a
     flat = view.node(a, "reshape")
     if root.op == "reshape":
-        if flat is None:
+        if flat is None or len(a_shape) != 2:
             return None
         x = flat.inputs[0]
         lead = view.shape(x)[:-1]
@@ -254,11 +260,32 @@ def _linear(view: _View, root: Node) -> _Match | None:
         return None
     if not view.is_f32(x, w, *(() if bias is None else (bias,))):
         return None
-    inner |= {tr.name}
+    inner |= passed
     inner.discard(root.name)
     name = _prefix([root.name, *inner])
     node = _new(view, name, "linear", (x, w) if bias is None else (x, w, bias), root.outputs[0])
     return _Match(root.name, (node,), frozenset(inner))
+
+
+def _weight_of(view: _View, value: str) -> tuple[str, set[str]] | None:
+    """The [N, K] weight param whose transpose `value` is ([K, N]), or whose transpose expanded over
+    batch dims it is ([*, K, N], from [1.., K, N]), and the nodes passed."""
+    node = view.producer.get(value)
+    passed: set[str] = set()
+    if node is not None and node.op == "expand":
+        unsqueezed = view.node(node.inputs[0], "reshape")
+        if unsqueezed is None:
+            return None
+        out = view.shape(node.outputs[0])
+        if view.shape(unsqueezed.outputs[0]) != (1,) * (len(out) - 2) + out[-2:]:
+            return None
+        passed |= {node.name, unsqueezed.name}
+        node = view.producer.get(unsqueezed.inputs[0])
+    if node is None or node.op != "transpose" or tuple(node.attrs["perm"]) != (1, 0):
+        return None
+    if node.inputs[0] not in view.graph.params or len(view.shape(node.inputs[0])) != 2:
+        return None
+    return node.inputs[0], passed | {node.name}
 
 
 # --- rope --------------------------------------------------------------------------------------------

@@ -117,6 +117,23 @@ def test_imported_llama_matches_eager(llama: Any) -> None:
     _matches_eager(module, model, [ids], ("reference", "cpu", "neuron"))
 
 
+def test_a_batch_of_prompts_is_raised_whole() -> None:
+    """At batch 2 the o-projection reads a non-contiguous input, which aten.linear decomposes to a
+    batched matmul with the weight expanded: a linear all the same; the rope positions repeat."""
+    _needs_transformers()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(17)
+    module = LlamaForCausalLM(LlamaConfig(**{**LLAMA, "num_hidden_layers": 1})).eval()
+    model = from_torch(module, (torch.randint(0, LLAMA["vocab_size"], (2, PROMPT)),))
+    ops = {n.op for n in model.graph.nodes}
+    assert ops <= {"embedding", "rmsnorm", "linear", "reshape", "rope", "attention", "add", "silu", "mul"}, (
+        ops
+    )
+    ids = torch.from_numpy(np.random.default_rng().integers(0, LLAMA["vocab_size"], (2, PROMPT)))
+    _matches_eager(module, model, [ids], ("reference", "cpu"))
+
+
 ROPE_SCALING = {
     "llama3": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192},
