@@ -71,10 +71,12 @@ def config_variants(plan: Plan) -> Iterator[tuple[str, Plan]]:
     """The plan as lowered, then one plan per other config of each group's kernel (that group changed,
     the others left at their defaults)."""
     yield "default configs", plan
+    target = plan.kernel_target()
     for i, group in enumerate(plan.groups):
         kernel = load_choice(group.kernel.file, group.kernel.sha256)
-        assert group.kernel.config == kernel.configs[0], f"{group.id}: a plan starts at the default config"
-        for config in kernel.configs[1:]:
+        offered = kernel.configs_for(target)  # what a tune may choose here (a file's `configs(traits)`)
+        assert group.kernel.config == offered[0], f"{group.id}: a plan starts at the default config"
+        for config in offered[1:]:
             groups = list(plan.groups)
             groups[i] = dataclasses.replace(
                 group, kernel=dataclasses.replace(group.kernel, config=dict(config))
