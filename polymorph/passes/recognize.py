@@ -299,6 +299,8 @@ class _Table:
     positions: str  # the positions param ([Bt, S, 1], float)
     inv_freq: str
     factor: float
+    positions_value: np.ndarray
+    inv_freq_value: np.ndarray
 
 
 def _table(view: _View, value: str, func: str) -> _Table | None:
@@ -327,7 +329,7 @@ def _table(view: _View, value: str, func: str) -> _Table | None:
         pv, iv = view.const(p), view.const(inv)
         if pv is None or iv is None or pv.ndim != 3 or pv.shape[-1] != 1 or iv.ndim != 1:
             continue
-        return _Table(angles.outputs[0], p, inv, factor)
+        return _Table(angles.outputs[0], p, inv, factor, pv, iv)
     return None
 
 
@@ -445,7 +447,7 @@ def _rope_match(
     neg = view.node(cat.inputs[0], "neg")
     first = view.node(cat.inputs[1], "slice")
     second = None if neg is None else view.node(neg.inputs[0], "slice")
-    if first is None or second is None:
+    if first is None or second is None or neg is None:
         return None
     for s, (lo, hi) in ((first, (0, half)), (second, (half, dh))):
         if (
@@ -475,9 +477,9 @@ def _rope_match(
         return None
     key = (cos.inv_freq, dh)
     if key not in view.rope_types:  # every layer reads the one inv_freq: its type is found once
-        view.rope_types[key] = _rope_type(view.const(cos.inv_freq), dh)  # type: ignore[arg-type]
+        view.rope_types[key] = _rope_type(cos.inv_freq_value, dh)
     rope = view.rope_types[key]
-    positions = _positions(view.const(cos.positions), shape[0])  # type: ignore[arg-type]
+    positions = _positions(cos.positions_value, shape[0])
     if rope is None or positions is None:
         return None
     pos_name = _positions_param(view, cos.positions, positions)
@@ -499,7 +501,7 @@ def _rope_match(
         nodes.append(
             _new(view, name, "rope", (src, pos_name), root.outputs[0], attention_factor=cos.factor, **rope)
         )
-    inner = frozenset({cos_mul.name, sin_mul.name, cat.name, neg.name, first.name, second.name})  # type: ignore[union-attr]
+    inner = frozenset({cos_mul.name, sin_mul.name, cat.name, neg.name, first.name, second.name})
     params = {pos_name: positions} if pos_name not in view.graph.params else {}
     return _Match(root.name, tuple(nodes), inner, params)
 
@@ -573,9 +575,9 @@ def _attention(view: _View, anchor: Node) -> _Match | None:
     # scores = (q * cq) @ (k^T * ck), as [B * H] batches
     r_scores = view.node(scores4, "reshape")
     mm = None if r_scores is None else view.node(r_scores.inputs[0], "matmul")
-    if mm is None or view.shape(mm.outputs[0]) != (b * h, s, t):
+    if r_scores is None or mm is None or view.shape(mm.outputs[0]) != (b * h, s, t):
         return None
-    inner |= {r_scores.name, mm.name}  # type: ignore[union-attr]
+    inner |= {r_scores.name, mm.name}
     q_side = _scaled(view, mm.inputs[0], (b * h, s, -1), (b, h, s, -1))
     k_side = _scaled(view, mm.inputs[1], (b * h, -1, t), (b, h, -1, t))
     if q_side is None or k_side is None:
@@ -750,7 +752,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
 def recognize(graph: Graph, weights: Mapping[str, np.ndarray]) -> Recognized:
     """`graph` with every subgraph a rule matches exactly raised to model-level ops (see the module
     docstring), dead code removed and verified; `graph` and `weights` are unchanged."""
-    counts = {}
+    counts: dict[str, int] = {}
     current = graph
     values = dict(weights)
     for rule_name, rule in RULES:
