@@ -66,6 +66,9 @@ def worker_environ(scratch: Path) -> dict[str, str]:
         TMPDIR=str(scratch),
         POLYMORPH_CACHE_DIR=str(scratch / "cache"),  # a compile cache of its own: no other worker reads it
         TRITON_CACHE_DIR=str(scratch / "triton"),
+        # Inductor's (torch.compile's) on-disk caches too: a candidate that compiles must not plant a
+        # cached kernel that a later worker's stock kernel would load
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONNOUSERSITE="1",
     )

@@ -25,6 +25,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Mapping
@@ -736,7 +737,9 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
             home = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fork-{uuid.uuid4().hex[:12]}")
             os.makedirs(os.path.join(home, "triton"))
             os.chdir(home)
-            os.environ.update(HOME=home, TMPDIR=home, TRITON_CACHE_DIR=os.path.join(home, "triton"))
+            os.environ.update(HOME=home, TMPDIR=home, TRITON_CACHE_DIR=os.path.join(home, "triton"),
+                              TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "inductor"))  # fmt: skip
+            tempfile.tempdir = None  # gettempdir() cached the template's folder: this copy's from now on
             import torch
 
             torch.set_num_threads(int(message.get("threads") or 1))
