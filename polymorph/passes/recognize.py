@@ -547,8 +547,9 @@ def _positions_param(view: _View, source: str, positions: np.ndarray) -> str:
 def _attention(view: _View, anchor: Node) -> _Match | None:
     """softmax(q k^T * scale + causal mask) v over [B, H, S, Dh] heads (torch's decomposed
     scaled_dot_product_attention: q and k each scaled by sqrt(scale), batched matmuls over [B * H],
-    the rows that see no key zeroed), grouped-query k and v repeated per query head (repeat_kv), its
-    output transposed to [B, S, H, Dh]. Anchored at the softmax."""
+    the rows that see no key zeroed; or transformers' eager attention: the scores scaled), grouped-
+    query k and v repeated per query head (repeat_kv), its output transposed to [B, S, H, Dh].
+    Anchored at the softmax."""
     if anchor.op != "softmax":
         return None
     masked = anchor.inputs[0]
@@ -572,7 +573,19 @@ def _attention(view: _View, anchor: Node) -> _Match | None:
     if safe is not None:
         probs, rows = safe
         inner |= rows
-    # scores = (q * cq) @ (k^T * ck), as [B * H] batches
+    # scores = (q * cq) @ (k^T * ck), as [B * H] batches, times cs (transformers' eager attention
+    # scales the scores, torch's decomposed SDPA q and k)
+    cs = 1.0
+    scaled = view.node(scores4, "mul")
+    if scaled is not None:
+        for y, c in _orders(scaled):
+            factor = view.scalar(c)
+            if factor is not None and view.shape(y) == shape and view.node(y, "reshape") is not None:
+                cs, scores4 = factor, y
+                inner.add(scaled.name)
+                break
+        else:
+            return None
     r_scores = view.node(scores4, "reshape")
     mm = None if r_scores is None else view.node(r_scores.inputs[0], "matmul")
     if r_scores is None or mm is None or view.shape(mm.outputs[0]) != (b * h, s, t):
@@ -614,7 +627,7 @@ def _attention(view: _View, anchor: Node) -> _Match | None:
     inner |= k_rep | v_rep
     if view.shape(k) != view.shape(v) or h % view.shape(k)[1] or not view.is_f32(q4, k, v):
         return None
-    scale = cq * ck
+    scale = cq * ck * cs
     if not (scale > 0 and math.isfinite(scale)):
         return None
     # the root: the transposes that take the output to [B, S, H, Dh], else the [B, H, S, Dh] output

@@ -122,20 +122,26 @@ def test_imported_llama_matches_eager(llama: Any) -> None:
     _matches_eager(module, model, [ids], ("reference", "cpu", "neuron"))
 
 
-def test_a_batch_of_prompts_is_raised_whole() -> None:
+@pytest.mark.parametrize("variant", ["batch_2", "eager_attention"])
+def test_other_export_forms_are_raised_whole(variant: str) -> None:
     """At batch 2 the o-projection reads a non-contiguous input, which aten.linear decomposes to a
-    batched matmul with the weight expanded: a linear all the same; the rope positions repeat."""
+    batched matmul with the weight expanded (a linear all the same; the rope positions repeat), and
+    transformers' eager attention scales the scores, not q and k, and has no safe-softmax rows."""
     _needs_transformers()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(17)
-    module = LlamaForCausalLM(LlamaConfig(**{**LLAMA, "num_hidden_layers": 1})).eval()
-    model = from_torch(module, (torch.randint(0, LLAMA["vocab_size"], (2, PROMPT)),))
+    cfg = {**LLAMA, "num_hidden_layers": 1}
+    if variant == "eager_attention":
+        cfg["attn_implementation"] = "eager"
+    batch = 2 if variant == "batch_2" else 1
+    module = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    model = from_torch(module, (torch.randint(0, LLAMA["vocab_size"], (batch, PROMPT)),))
     ops = {n.op for n in model.graph.nodes}
     assert ops <= {"embedding", "rmsnorm", "linear", "reshape", "rope", "attention", "add", "silu", "mul"}, (
         ops
     )
-    ids = torch.from_numpy(np.random.default_rng().integers(0, LLAMA["vocab_size"], (2, PROMPT)))
+    ids = torch.from_numpy(np.random.default_rng().integers(0, LLAMA["vocab_size"], (batch, PROMPT)))
     _matches_eager(module, model, [ids], ("reference", "cpu"))
 
 
