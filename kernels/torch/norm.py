@@ -1,8 +1,5 @@
 """RMSNorm and LayerNorm with float32 statistics, rounded once to the output dtype."""
 
-import os
-import shutil
-
 import torch
 import torch.nn.functional as F
 
@@ -12,19 +9,8 @@ IMPLEMENTS = ("rmsnorm", "layernorm")
 # normalization fused, the weight multiplied straight into the output buffer (no copy after it);
 # "composite_out": the composite's ops in the composite's order (so the same rounding), in place where
 # they can be and the last product written into a float32 output buffer (six dispatches, not nine).
-# "inductor": the composite compiled by torch.compile (Inductor's C++ code, one fused loop per call;
-# compiled at build, so its seconds of compile count in a tune's budget; offered only where a C++
-# compiler is on PATH, which Inductor's cpu code needs). Measured at llama-tiny's decode
-# (bench/inductor_group.py): the one group pattern besides rope where compiling beat eager.
 # All compute in float32 (a no-op at f32), so the choice moves time, not numbers beyond rounding order.
 CONFIGS = [{"impl": "composite"}, {"impl": "fused"}, {"impl": "fused_out"}, {"impl": "composite_out"}]
-INDUCTOR = {"impl": "inductor"}
-
-
-def configs(traits):
-    """CONFIGS, and the Inductor variant where torch.compile can build cpu code here."""
-    compiler = os.environ.get("CXX") or "g++"
-    return CONFIGS + ([INDUCTOR] if shutil.which(compiler) or shutil.which("c++") else [])
 
 
 def supports(spec):
@@ -39,9 +25,6 @@ def build(spec, config, target):
 
     def composite(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-    # dynamic=None: a second shape (the gates' other batches and lengths) compiles one dynamic kernel
-    compiled = torch.compile(composite) if impl == "inductor" and node.op == "rmsnorm" else None
 
     def launch(inputs, outputs, scratch):
         x = inputs[args[0]].float()  # [*, D]
@@ -58,8 +41,6 @@ def build(spec, config, target):
             outputs[0].copy_(F.rms_norm(x, d, None, eps) * w)
         elif impl == "composite_out" and outputs[0].dtype == torch.float32:
             torch.mul(x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_(), w, out=outputs[0])
-        elif compiled is not None:
-            outputs[0].copy_(compiled(x, w))
         else:
             outputs[0].copy_(composite(x, w))
 
