@@ -20,8 +20,8 @@ rope reads the attention layout that linear leaves, attention reads rope's outpu
 
 Not recognized yet: MoE blocks (routers and per-expert loops stay general), rope scaling other than
 none, linear or llama3 (yarn, longrope, dynamic: the frequencies alone do not give their parameters),
-partial rotary dims, sliding windows and soft-capping in attention, norms with a bias or a (1 + w)
-weight, and graphs in another dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so
+partial rotary dims, sliding windows and soft-capping in attention, norms with a bias, and graphs in
+another dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so
 the ops' f32 statistics would round differently from the program).
 """
 
@@ -148,13 +148,16 @@ def _new(
 
 
 def _rmsnorm(view: _View, root: Node) -> _Match | None:
-    """w * (x * rsqrt(mean(x ** 2, last axis, keepdim) + eps)), w a [D] weight, all f32."""
+    """w * (x * rsqrt(mean(x ** 2, last axis, keepdim) + eps)), w a [D] weight, all f32; or Gemma's
+    (1 + w) * (...), whose weight becomes a new param holding 1 + w (the sum eager computes, in f32)."""
     if root.op != "mul":
         return None
-    for w, normed in _orders(root):
+    for w_value, normed in _orders(root):
         scaled = view.node(normed, "mul")
-        if w not in view.graph.params or scaled is None:
+        weight = _norm_weight(view, w_value)
+        if weight is None or scaled is None:
             continue
+        w, offset, offset_node = weight
         for x, r in _orders(scaled):
             rs = view.node(r, "rsqrt")
             if rs is None or len(view.shape(x)) < 1 or view.shape(w) != view.shape(x)[-1:]:
@@ -175,11 +178,45 @@ def _rmsnorm(view: _View, root: Node) -> _Match | None:
                 if not _is_square(view, square, x):
                     continue
                 assert square is not None
-                inner = frozenset({scaled.name, rs.name, add.name, mean.name, square.name})
+                inner = {scaled.name, rs.name, add.name, mean.name, square.name}
+                params: dict[str, np.ndarray] = {}
+                if offset_node is not None:
+                    inner.add(offset_node)
+                    value = view.const(w)
+                    assert value is not None
+                    folded = np.asarray(value, dtype=np.float32) + np.float32(offset)  # [D], as eager adds
+                    w = _folded_param(view, f"{w}.plus_{offset:g}", folded)
+                    params[w] = folded
                 name = _prefix([root.name, *inner])
                 node = _new(view, name, "rmsnorm", (x, w), root.outputs[0], eps=eps)
-                return _Match(root.name, (node,), inner)
+                return _Match(root.name, (node,), frozenset(inner), params)
     return None
+
+
+def _norm_weight(view: _View, value: str) -> tuple[str, float, str | None] | None:
+    """A norm's weight: a [D] param (offset 0), or param + scalar constant (Gemma's 1 + w: the param,
+    the offset and the add node)."""
+    if value in view.graph.params and view.const(value) is not None:
+        return value, 0.0, None
+    add = view.node(value, "add")
+    if add is None:
+        return None
+    for w, c in _orders(add):
+        offset = view.scalar(c)
+        fits = offset is not None and math.isfinite(offset) and c != w and view.const(w) is not None
+        if fits and len(view.shape(w)) == 1 and view.shape(add.outputs[0]) == view.shape(w):
+            assert offset is not None
+            return w, offset, add.name
+    return None
+
+
+def _folded_param(view: _View, base: str, value: np.ndarray) -> str:
+    """A param for a weight folded with its constant (one per source weight and offset)."""
+    if base in view.new_params or base in view.graph.params:
+        return base
+    view.taken.add(base)
+    view.new_params[base] = value
+    return base
 
 
 def _is_square(view: _View, node: Node | None, x: str) -> bool:

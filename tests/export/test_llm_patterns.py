@@ -197,12 +197,17 @@ class Norm(nn.Module):
         power = 4 if self.variant == "fourth_power" else 2
         dim = -2 if self.variant == "positions_axis" else -1
         eps = 1e-6
-        rms = torch.rsqrt(x.pow(power).mean(dim, keepdim=True) + eps)
-        weight = 1.0 + self.weight if self.variant == "one_plus_weight" else self.weight
+        if self.variant == "eps_after_rsqrt":
+            rms = torch.rsqrt(x.pow(2).mean(dim, keepdim=True)) + eps
+        else:
+            rms = torch.rsqrt(x.pow(power).mean(dim, keepdim=True) + eps)
+        weight = 1.0 + self.weight if self.variant == "one_plus_weight" else self.weight  # Gemma's
         return self.proj(weight * (x * rms))
 
 
-@pytest.mark.parametrize("variant", ["rmsnorm", "fourth_power", "positions_axis", "one_plus_weight"])
+@pytest.mark.parametrize(
+    "variant", ["rmsnorm", "one_plus_weight", "fourth_power", "positions_axis", "eps_after_rsqrt"]
+)
 def test_norm_variants(variant: str) -> None:
     torch.manual_seed(3)
     module = Norm(variant).eval()
@@ -210,8 +215,11 @@ def test_norm_variants(variant: str) -> None:
     model = from_torch(module, (x,))
     ops = [n.op for n in model.graph.nodes]
     assert "linear" in ops  # the projection is recognized either way
-    if variant == "rmsnorm":
+    if variant in ("rmsnorm", "one_plus_weight"):
         assert "rmsnorm" in ops and "rsqrt" not in ops, ops
+        (norm,) = (n for n in model.graph.nodes if n.op == "rmsnorm")
+        want = (1.0 + module.weight if variant == "one_plus_weight" else module.weight).detach().numpy()
+        np.testing.assert_array_equal(model.weights()[norm.inputs[1]], want)  # 1 + w folded as eager adds
     else:
         assert "rmsnorm" not in ops and "rsqrt" in ops, ops
     _matches_eager(module, model, [_fresh((2, 5, 16))], ("reference", "cpu"))
