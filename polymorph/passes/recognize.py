@@ -18,11 +18,15 @@ inputs only; inner nodes die when nothing else reads them (dce at the end), so a
 the rest of the graph is never lost. Rules run in order (each over the graph the previous one made):
 rope reads the attention layout that linear leaves, attention reads rope's output.
 
-Not recognized yet: MoE blocks (routers and per-expert loops stay general), rope scaling other than
-none, linear or llama3 (yarn, longrope, dynamic: the frequencies alone do not give their parameters),
-partial rotary dims, sliding windows and soft-capping in attention, norms with a bias, and graphs in
-another dtype than f32 (`--dtype`: the program's f32 upcasts became no-ops, so
-the ops' f32 statistics would round differently from the program).
+It runs once, at import (polymorph/frontend/torch_export.py), not as a compile stage: the rules need
+the constants' values, which a compile does not hold, and the rewritten graph is then the model's own,
+the one the engine's workers load from IR JSON, `load` checks a plan against and the reference runs.
+
+Not recognized yet: MoE blocks (transformers' do not import today: aten.topk is outside the general
+op set), rope scaling other than none, linear or llama3 (yarn, longrope, dynamic: the frequencies
+alone do not give their parameters), partial rotary dims, sliding windows and soft-capping in
+attention, norms with a bias, and graphs in another dtype than f32 (`--dtype`: the program's f32
+upcasts became no-ops, so the ops' f32 statistics would round differently from the program).
 """
 
 from __future__ import annotations
