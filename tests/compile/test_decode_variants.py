@@ -40,7 +40,7 @@ def _compiled_kernels() -> None:
 
 
 def compiled(unit: Any, target: Target) -> Any:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
 
     return compile_unit(unit, target)
 

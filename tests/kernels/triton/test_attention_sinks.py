@@ -312,7 +312,7 @@ def aot_cases(target: Target) -> list[tuple[str, KernelSpec, dict[str, Any]]]:
 @pytest.mark.compile
 @pytest.mark.parametrize("target_name", AOT_TARGETS)
 def test_sinks_chunk_compile_without_spills(target_name: str) -> None:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():

@@ -173,7 +173,7 @@ AOT_TARGETS = ("cuda:sm_90", "cuda:sm_100", "rocm:gfx942", "rocm:gfx950")
 @pytest.mark.compile
 @pytest.mark.parametrize("target_name", AOT_TARGETS)
 def test_compiles_without_spills(target_name: str) -> None:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():

@@ -191,7 +191,7 @@ TOKENS = {"decode1": (1, 1), "decode64": (64, 1), "prefill2k": (1, 2048)}
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")  # triton 3.9 announces a default change
 @pytest.mark.parametrize("target_name", AOT_TARGETS)
 def test_compiles_without_spills(target_name: str) -> None:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():

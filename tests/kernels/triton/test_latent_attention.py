@@ -276,7 +276,7 @@ def test_decode_fills_h200() -> None:
 def test_compile_deepseek_v3_decode_without_spills(target_name: str) -> None:
     """Every config at DeepSeek-V3's decode shape (H 128, R 512, P 64, block 16, bf16, 4k-token table)
     at batch 1 and 32: device code, no spills, shared memory / LDS within one block's."""
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():

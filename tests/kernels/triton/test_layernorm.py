@@ -115,7 +115,7 @@ def test_supports() -> None:
 @pytest.mark.compile
 @pytest.mark.parametrize("target_name", ("cuda:sm_90", "cuda:sm_100", "rocm:gfx942", "rocm:gfx950"))
 def test_compiles_without_spills(target_name: str) -> None:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():

@@ -317,7 +317,7 @@ def aot_specs(target: Target) -> list[KernelSpec]:
 @pytest.mark.compile
 @pytest.mark.parametrize("target_name", AOT_TARGETS)
 def test_sparse_attention_compiles_without_spills(target_name: str) -> None:
-    from backends.gpu.aot import compile_unit
+    from polymorph.backends.gpu.aot import compile_unit
     from polymorph.hardware.traits import traits_for
 
     if process_interprets():
