@@ -17,7 +17,10 @@ its own among them, -1 after.
 
 Any other integer input (an imported program's: a GNN's edge indices) is drawn from the range it can
 legally take (polymorph/ir/int_ranges.py): [0, n) where it indexes a dim of n, else the program's
-example inputs' range; both ends of the range are in every draw. A bool input is drawn at random.
+example inputs' range; both ends of the range are in every draw, and the case's distribution picks
+the pattern of the rest (`INDEX_PATTERNS`): uniform, sorted (a kernel's fast path for sorted or
+CSR-style indices), or a hub (all but a few entries one value: a target many times over, as a
+power-law graph's hub node is, and most rows no entry reaches). A bool input is drawn at random.
 """
 
 from __future__ import annotations
@@ -35,6 +38,18 @@ from polymorph.serving.kvcache import PagedKVCache
 
 DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
 ROUTING = dict(zip(DISTRIBUTIONS, ("uniform", "imbalanced", "near-ties"), strict=True))
+INDEX_PATTERNS = dict(zip(DISTRIBUTIONS, ("uniform", "sorted", "hub"), strict=True))
+HUB_SHARE = 0.875  # of a hub draw's entries that hold its one value
+# Bit-exact mode's extra float regimes (the `exact` gate's, compared with the stock kernel's bytes and
+# never with the reference): normal draws with a quarter of the elements special values, each of them
+# at least once. Tiny: signed zeros, float32 subnormals and the smallest normals, f16 subnormals,
+# exact integers and powers of two (a flush-to-zero mode, a max(x, 0) that drops a zero's sign, a
+# rounding that differs only on exact halves). Non-finite: infinities, NaN, magnitudes that overflow a
+# narrower format.
+SPECIALS = ("zeros, subnormals and exact values", "infinities, NaN and huge values")
+_TINY = (0.0, -0.0, 2.0**-149, -(2.0**-149), 3 * 2.0**-140, -(2.0**-130), 2.0**-126, -(2.0**-126),
+         2.0**-20, -(3 * 2.0**-24), 0.5, -1.5, 2.0, -3.0, 2.0**24 + 1, 1.0)  # fmt: skip
+_NONFINITE = (np.inf, -np.inf, np.nan, 1e30, -1e30, 7e4, -7e4, 3.4e38, -3.4e38)
 NEAR_TIE_STEPS = 16
 
 
@@ -71,6 +86,13 @@ def draw_float(rng: np.random.Generator, dist: str, shape: tuple[int, ...]) -> n
         return rng.standard_normal(shape)
     if dist == DISTRIBUTIONS[1]:
         return rng.uniform(-1e3, 1e3, shape)
+    if dist in SPECIALS:
+        x = rng.standard_normal(shape)
+        values = np.array(_TINY if dist == SPECIALS[0] else _NONFINITE)
+        n = min(x.size, max(values.size, x.size // 4))
+        at = rng.choice(x.size, n, replace=False)
+        x.flat[at] = np.resize(rng.permutation(values), n)  # each value at least once where there is room
+        return x
     x = rng.standard_normal(shape)
     n = max(1, x.size // 200)
     x.flat[rng.choice(x.size, n, replace=False)] = rng.choice([-1e4, 1e4], n)
@@ -135,7 +157,8 @@ def draw(
             inputs.append(rng.random(concrete(t.shape, bindings)) < 0.5)
         elif v in (legal := _legal(group)):
             lo, hi = legal[v]
-            inputs.append(_draw_in(rng, concrete(t.shape, bindings), lo, hi).astype(t.dtype.numpy))
+            pattern = INDEX_PATTERNS.get(dist, "uniform")
+            inputs.append(_draw_in(rng, concrete(t.shape, bindings), lo, hi, pattern).astype(t.dtype.numpy))
         else:
             raise Undrawable(f"integer input `{v}` has no known meaning or range to draw from")
     _shape_router_logits(group, inputs, rng, ROUTING.get(dist, "uniform"))
@@ -156,14 +179,23 @@ def _legal(group: GroupInfo) -> dict[str, tuple[int, int]]:
 _LEGAL: dict[int, tuple[Any, dict[str, tuple[int, int]]]] = {}
 
 
-def _draw_in(rng: np.random.Generator, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
-    """Integers in [lo, hi), both ends among them where there is room: an index kernel that drops the
-    first or the last row of its dim, or clamps short of it, shows on every draw."""
+def _draw_in(
+    rng: np.random.Generator, shape: tuple[int, ...], lo: int, hi: int, pattern: str = "uniform"
+) -> np.ndarray:
+    """Integers in [lo, hi) in `pattern` (`INDEX_PATTERNS`), both ends among them where there is room:
+    an index kernel that drops the first or the last row of its dim, or clamps short of it, shows on
+    every draw. uniform: independent draws; sorted: the same, ascending over the flattened tensor;
+    hub: all but a few entries one value drawn from the range (one target many times over, most rows
+    none)."""
     x = rng.integers(lo, hi, shape)
     if x.size >= 2:
         flat = x.reshape(-1)
+        if pattern == "hub":
+            flat[rng.random(flat.size) < HUB_SHARE] = rng.integers(lo, hi)
         at = rng.choice(flat.size, 2, replace=False)
         flat[at[0]], flat[at[1]] = lo, hi - 1
+        if pattern == "sorted":
+            flat.sort()
     return x
 
 
@@ -311,15 +343,23 @@ def reference_outputs(
 
 def error(got: np.ndarray, want: np.ndarray) -> float:
     """Largest error relative to the scale of its row (the last axis), over the whole output; inf
-    where the output is NaN or not finite where the reference is."""
+    where an element is not finite in one and not the same in the other: NaN only where the reference
+    has NaN, an infinity only where it has that infinity, of that sign (a kernel that returns anything
+    where the reference overflows or has no value is judged there too, not let off)."""
     a = np.asarray(got, dtype=np.float64)
     e = np.asarray(want, dtype=np.float64)
-    if a.shape != e.shape or np.isnan(a).any() or (np.isfinite(e) & ~np.isfinite(a)).any():
+    if a.shape != e.shape:
         return float("inf")
+    finite = np.isfinite(e)
+    both = finite & np.isfinite(a)
+    if not both.all():
+        same = (a == e) | (np.isnan(a) & np.isnan(e))
+        if (~both & ~same).any():
+            return float("inf")
     if e.size == 0:
         return 0.0
-    e = np.where(np.isfinite(e), e, 0.0)
-    a = np.where(np.isfinite(a), a, 0.0)
+    e = np.where(finite, e, 0.0)
+    a = np.where(finite, a, 0.0)
     rows = np.abs(e).max(axis=-1, keepdims=True) if e.ndim else np.abs(e)
     scale = np.maximum(rows, max(float(np.abs(e).max()) * 1e-3, 1e-30))
     return float((np.abs(a - e) / scale).max())

@@ -11,7 +11,10 @@ its cause:
                             and its decode step at batch >= 2 with ragged contexts up to the bucket's
                             longest), into output buffers poisoned with NaN: within the op tolerance
                             of the reference, or no worse than a few times the stock kernel's own
-                            error. NaN never passes.
+                            error. NaN only where the reference has NaN, an infinity only where it
+                            has the same one; a stock kernel that misses the reference's NaN or
+                            infinities sets no bar of its own (the candidate matches the reference or
+                            the stock kernel within the op tolerance).
   honesty.inputs_unchanged  every input the controller wrote holds the same bytes after the launch
                             (a cache written in place by design excepted)
   honesty.input_dependence  where the stock kernel's output changes with the inputs (same shape,
@@ -33,7 +36,9 @@ its cause:
                             this gate, the quality run and the numerics cases, and a guard region (a
                             write into it fails) that no kernel may read
   timing.checked            the calls the controller timed, some chosen after each round's answer,
-                            match the reference: a kernel that skips work while timed fails here
+                            match the reference: a kernel that skips work while timed fails here.
+                            In bit-exact mode every timed call's outputs equal the stock kernel's
+                            on the same inputs byte for byte (run on a clean fork after the clock)
   timing.roofline           the time implies no bandwidth or FLOP rate above the profile's roofline
                             (`hw.roofline_seconds`); on a profile without figures (cpu), no rate
                             above what this host copies and multiplies, measured here on the spot
@@ -44,7 +49,9 @@ its cause:
                             was loaded with
   state.weights             every weight holds the bytes it held at load
   exact                     bit-exact mode only (`--exact`): on every case of the group gates (fresh
-                            inputs) and on a repeated run, the candidate's outputs equal the stock
+                            inputs), on a case of each special float regime (signed zeros and
+                            subnormals; infinities and NaN: `cases.SPECIALS`) and on a repeated run,
+                            the candidate's outputs equal the stock
                             kernel's byte for byte (-0.0 is not 0.0, NaN payloads count); a stock
                             kernel that is not bitwise deterministic here sets no bar, and fails it
 
@@ -73,6 +80,7 @@ import numpy as np
 
 from polymorph.engine.cases import (
     DISTRIBUTIONS,
+    SPECIALS,
     GroupInfo,
     Undrawable,
     draw,
@@ -298,6 +306,7 @@ class _Run:
         self.allowed = 0.0  # the worst error the numerics gate allowed (the timed calls' bar)
         self._scenario: list[ScenarioStep] | None = None
         self.exact = False  # bit-exact mode: the `exact` gate runs with the group gates
+        self._common: dict[str, int] = {}  # the draws' block size, context and vocabulary
         self.program = self.graph.meta.get("source") == "torch.export"  # no tokens, no cache
 
     @property
@@ -329,6 +338,7 @@ class _Run:
         batch = int(loaded["bucket"]["batch"])
         common = {"block_size": int(loaded["block_size"]), "bucket_ctx": int(loaded["bucket"]["ctx"]),
                   "vocab": self.engine.vocab}  # fmt: skip
+        self._common = common
         try:
             if self.program:
                 return self._program_group_gates(common)
@@ -403,8 +413,25 @@ class _Run:
         gates.append(_determinism(first.got, again, deterministic))
         if self.exact:
             self.current = EXACT
-            gates.append(_exact(cases, again, stock_again, deterministic, self.program))
+            gates.append(_exact(cases + self._special_cases(first), again, stock_again, deterministic,
+                                self.program))  # fmt: skip
         return gates
+
+    def _special_cases(self, first: _Case) -> list[_Case]:
+        """Bit-exact mode: a case of each special float regime (`cases.SPECIALS`: signed zeros and
+        subnormals, infinities and NaN) at the first case's shape, the candidate's and the stock
+        kernel's outputs only (no reference: the bytes are the bar)."""
+        out = []
+        for dist in SPECIALS:
+            try:
+                inputs, bindings = draw(self.ginfo, self.rng, first.shape, dist, **self._common)
+            except Undrawable:
+                return []
+            stock = self.stock(inputs, bindings).output(0)
+            done = self.call(inputs, bindings)
+            out.append(_Case(first.shape, dist, inputs, bindings, [], stock, done.output(0),
+                             done.inputs_after[0]))  # fmt: skip
+        return out
 
     def _inputs_unchanged(self, cases: list[_Case]) -> Gate:
         alias = self.engine._aliases()
@@ -457,9 +484,14 @@ class _Run:
         return reference_outputs(self.ginfo, self.engine.weights, self.engine.wide_weights, inputs, bindings)
 
     def _allowed(self, case: _Case) -> tuple[float, float]:
-        """(the error a candidate may have on this case, the stock kernel's own error on it)."""
+        """(the error a candidate may have on this case, the stock kernel's own error on it). A stock
+        kernel whose error is not finite (it has NaN or an infinity where the reference has none, or
+        the other way round) sets no bar of its own: the op tolerance stands, and `_numerics` lets a
+        candidate that agrees with the stock kernel within it pass too."""
         dtype = self.types[self.info["outputs"][0]].dtype
         stock_err = max(_error(s, w) for s, w in zip(case.stock, case.want, strict=True))
+        if not np.isfinite(stock_err):
+            return op_tolerance(dtype).rtol, stock_err
         return max(op_tolerance(dtype).rtol, STOCK_ERROR_FACTOR * stock_err), stock_err
 
     def _numerics(self, cases: list[_Case]) -> Gate:
@@ -470,14 +502,24 @@ class _Run:
                 self.allowed = max(self.allowed, allowed)
             for i, (got, want) in enumerate(zip(case.got, case.want, strict=True)):
                 err = _error(got, want)
-                worst = max(worst, err)
                 if err <= allowed:
+                    worst = max(worst, err)
                     continue
+                if not np.isfinite(stock_err) and _error(got, case.stock[i]) <= allowed:
+                    continue  # the stock kernel misses the reference here too, and the candidate matches it
                 where = f"output {i} on {case.dist} inputs {_at(case, self.program)}"
-                if np.isnan(got).any():
+                if np.isnan(got).any() and not np.isnan(np.asarray(want, dtype=np.float64)).any():
                     n = int(np.isnan(got).sum())
                     return Gate(
                         NUMERICS, "fail", f"NaN in {where}: {n}/{got.size} elements (poisoned, unwritten?)"
+                    )
+                if not np.isfinite(err):
+                    return Gate(
+                        NUMERICS,
+                        "fail",
+                        f"{where}: not finite where the reference is, or not the reference's NaN or "
+                        "infinity where it has one (the stock kernel's error: "
+                        f"{stock_err:.3g})",
                     )
                 dtype = self.types[self.info["outputs"][i]].dtype
                 return Gate(
@@ -612,7 +654,14 @@ class _Run:
         self.current = CHECKED
         dtype = self.types[self.info["outputs"][0]].dtype
         allowed = max(self.allowed, op_tolerance(dtype).rtol)
-        t = time_group(self.engine, self.ginfo, self.rng, allowed=allowed)
+        held = _BytesHeld(self.engine) if self.exact else None
+        t = time_group(held or self.engine, self.ginfo, self.rng, allowed=allowed)
+        if held is not None and held.differ:  # bit-exact mode: every timed call held to the stock bytes
+            return [
+                Gate(CHECKED, "fail", f"not bit-exact while timed: {held.differ[0]} ({len(held.differ)} of "
+                     f"{held.calls} timed calls differ from the stock kernel's bytes)"),
+                Gate(ROOFLINE, "not run", "no trustworthy measurement"),
+            ]  # fmt: skip
         if t.failures:
             return [
                 Gate(CHECKED, "fail", f"{len(t.failures)} of {t.checked} timed calls checked afterwards are "
@@ -705,6 +754,34 @@ class _Run:
         else:
             sandbox = Gate(SANDBOX, "pass", "nothing blocked by the sandbox; no process left running")
         return [sandbox, tamper, weights]
+
+
+class _BytesHeld:
+    """The engine as `time_group` sees it in bit-exact mode: every timed request's calls are run again by
+    the stock kernel on a fork the candidate never touched, after the clock stopped, and each call's
+    outputs compared byte for byte (the group gates' few calls are not all a kernel is ever asked: one
+    that turns inexact after some calls, or only in a request of many, shows here)."""
+
+    def __init__(self, engine: Controller) -> None:
+        self._engine = engine
+        self.differ: list[str] = []
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def run_calls(
+        self, group: GroupInfo, calls: list[list[np.ndarray | None]], bindings: dict[str, int], **fields: Any
+    ) -> CallsResult:
+        done = self._engine.run_calls(group, calls, bindings, **fields)
+        if fields.get("stock"):
+            return done
+        stock = self._engine.stock_calls(group, calls, bindings)
+        for i in range(len(calls)):
+            self.calls += 1
+            if not _same(done.output(i), stock.output(i)):
+                self.differ.append(f"timed call {i + 1} of a request of {len(calls)}")
+        return done
 
 
 _HOST_RATES: dict[int, tuple[float, float]] = {}

@@ -1,0 +1,127 @@
+"""Attacks on the gates through imported programs' groups (each candidate under tests/export/kernels/
+says its trick), every one of which passed the gates before the fix named with it:
+
+- a fused group whose reference output holds NaN on the gate's draws (sqrt of a drawn input the program
+  only feeds positive values): NaN where the reference had NaN counted as an infinite error, so the
+  stock kernel's error was infinite, four times it too, and any answer passed
+  (garbage_where_reference_nan.py; fix: cases.error judges non-finite elements, NaN only where the
+  reference has NaN and the same infinity where it has one, and a stock kernel whose error is still
+  infinite sets no bar of its own);
+- index kernels wrong only for index patterns uniform draws never make: a target reached more than a
+  dozen times (index_add_capacity.py), indices in sorted order (index_select_sorted_path.py); fix: the
+  case's distribution picks a uniform, sorted or hub pattern (cases.INDEX_PATTERNS);
+- bit-exact mode: a candidate bit-exact for its first calls and off by an ulp or so after them
+  (inexact_after_calls.py; fix: every timed call is held to the stock kernel's bytes), and ones
+  bit-exact except on subnormals (flushes_subnormals.py) or signed zeros (signed_zero.py), values no
+  normal draw holds (fix: the exact gate adds a case of each special float regime, cases.SPECIALS).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from polymorph.engine.cases import HUB_SHARE, SPECIALS, _draw_in, draw_float, error
+from polymorph.engine.controller import Controller
+from polymorph.engine.gates import CHECKED, EXACT, NUMERICS
+
+HERE = Path(__file__).parent / "kernels"
+FUSED = "kernels/torch/general_fused.py"
+
+
+class TwoChains(torch.nn.Module):
+    """Two elementwise chains, one group each: sqrt of an input (positive in the program, not in the
+    gate's draws) and a negation whose zeros keep their sign."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sqrt(x) * 2.0 + 1.0, torch.neg(y) * 3.0
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = tmp_path_factory.mktemp("pt2") / "chains.pt2"
+    example = (torch.rand(4, 16) + 0.5, torch.randn(4, 16))
+    torch.export.save(torch.export.export(TwoChains(), example, strict=False), str(path))
+    with Controller.start(str(path), "cpu") as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def gnn(zoo: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    torch.manual_seed(3)
+    module, example = zoo.gnn()
+    path = tmp_path_factory.mktemp("pt2") / "gnn.pt2"
+    torch.export.save(torch.export.export(module, example, strict=False), str(path))
+    with Controller.start(str(path), "cpu") as e:
+        yield e
+
+
+def _group(engine: Any, pattern: str) -> str:
+    return next(g for g in engine.groups() if engine.plan_group(g)["pattern"] == pattern)
+
+
+def _failed(report: Any) -> list[tuple[str, str]]:
+    return [(g.name, g.cause) for g in report.failed()]
+
+
+def test_a_group_whose_reference_has_nan_is_still_judged(chains: Any) -> None:
+    group = _group(chains, "elementwise:sqrt+mul+add")
+    _, stock = chains.try_candidate(group, FUSED, {})
+    assert stock is not None and stock.ok, _failed(stock)
+    _, bad = chains.try_candidate(group, str(HERE / "garbage_where_reference_nan.py"), {})
+    assert bad is not None and [g.name for g in bad.failed()] == [NUMERICS], _failed(bad)
+
+
+@pytest.mark.parametrize(
+    ("op", "kernel"),
+    [("index_add", "index_add_capacity.py"), ("index_select", "index_select_sorted_path.py")],
+)
+def test_index_kernels_wrong_for_some_pattern_are_rejected(gnn: Any, op: str, kernel: str) -> None:
+    _, report = gnn.try_candidate(_group(gnn, op), str(HERE / kernel), {})
+    assert report is not None and [g.name for g in report.failed()] == [NUMERICS], _failed(report)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "gate"),
+    [("inexact_after_calls.py", CHECKED), ("flushes_subnormals.py", EXACT), ("signed_zero.py", EXACT)],
+)
+def test_bit_exact_only_on_the_usual_draws_is_rejected(chains: Any, kernel: str, gate: str) -> None:
+    group = _group(chains, "elementwise:neg+mul")
+    _, plain = chains.try_candidate(group, str(HERE / kernel), {})  # right within tolerance
+    assert plain is not None and plain.ok, _failed(plain)
+    _, exact = chains.try_candidate(group, str(HERE / kernel), {}, exact=True)
+    assert exact is not None and [g.name for g in exact.failed()] == [gate], _failed(exact)
+
+
+def test_the_stock_kernel_passes_bit_exact_mode(chains: Any) -> None:
+    for pattern in ("elementwise:neg+mul", "elementwise:sqrt+mul+add"):
+        _, report = chains.try_candidate(_group(chains, pattern), FUSED, {}, exact=True)
+        assert report is not None and report.ok, (pattern, _failed(report))
+
+
+def test_error_judges_non_finite_elements() -> None:
+    want = np.array([[1.0, np.nan, np.inf, -np.inf]])
+    assert error(want.copy(), want) == 0.0
+    for bad in ([1.0, 0.0, np.inf, -np.inf], [1.0, np.nan, -np.inf, -np.inf], [1.0, np.nan, 3e38, -np.inf],
+                [1.0, np.nan, np.nan, -np.inf], [np.inf, np.nan, np.inf, -np.inf]):  # fmt: skip
+        assert error(np.array([bad]), want) == float("inf"), bad
+
+
+def test_index_patterns_and_special_values() -> None:
+    rng = np.random.default_rng()
+    for pattern in ("uniform", "sorted", "hub"):
+        for _ in range(20):
+            x = _draw_in(rng, (2, 40), 0, 12, pattern)
+            assert x.min() == 0 and x.max() == 11, pattern
+            if pattern == "sorted":
+                assert (np.diff(x.reshape(-1)) >= 0).all()
+            if pattern == "hub":  # one value many times over
+                assert np.bincount(x.reshape(-1)).max() >= 0.75 * HUB_SHARE * x.size
+    tiny = draw_float(rng, SPECIALS[0], (4, 16))
+    assert (np.signbit(tiny) & (tiny == 0)).any() and ((tiny != 0) & (np.abs(tiny) < 2.0**-126)).any()
+    wild = draw_float(rng, SPECIALS[1], (4, 16))
+    assert np.isnan(wild).any() and np.isposinf(wild).any() and np.isneginf(wild).any()
