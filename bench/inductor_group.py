@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from costmodel_cpu import decode_step  # noqa: E402
+from costmodel_cpu import decode_step
 
 
 def per_call_us(fn, calls: int = 2000, rounds: int = 5) -> float:
@@ -64,15 +64,17 @@ def main() -> int:
         ins = [env[v] for v in group.inputs]
         outs = [torch.empty_like(env[v]) for v in group.outputs]
         with torch.inference_mode():
-            eager = per_call_us(lambda: launch(ins, outs, None))
+            eager = per_call_us(lambda f=launch, a=ins, o=outs: f(a, o, None))
             compiled = torch.compile(launch)
             t0 = time.perf_counter()
             compiled(ins, outs, None)
             compile_s = time.perf_counter() - t0
-            inductor = per_call_us(lambda: compiled(ins, outs, None))
+            inductor = per_call_us(lambda f=compiled, a=ins, o=outs: f(a, o, None))
         rows.append({"group": group.id, "pattern": group.pattern, "kernel": group.kernel.file,
                      "eager_us": eager, "inductor_us": inductor, "compile_s": compile_s})  # fmt: skip
-        print(f"{group.id:36s} eager {eager:7.1f} us  inductor {inductor:7.1f} us  compile {compile_s:5.1f} s")
+        print(
+            f"{group.id:36s} eager {eager:7.1f} us  inductor {inductor:7.1f} us  compile {compile_s:5.1f} s"
+        )
     Path(args.out).write_text(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
                                           "ctx": args.ctx, "rows": rows}, indent=1))  # fmt: skip
     return 0
