@@ -219,6 +219,10 @@ def compute(op, xs, attrs, out, config=None):
         if attrs["forward"]:
             return torch.fft.fftn(xs[0], dim=attrs["axes"], norm=_FFT_NORM[attrs["norm"]])
         return torch.fft.ifftn(xs[0], dim=attrs["axes"], norm=_inverse_norm(attrs["norm"]))
+    if op == "view_as_real":
+        return torch.view_as_real(xs[0].to(torch.complex64)).clone()
+    if op == "view_as_complex":
+        return torch.view_as_complex(xs[0].float().contiguous()).clone()
     raise AssertionError(f"general.py has no {op}")
 
 

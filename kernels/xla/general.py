@@ -247,6 +247,12 @@ def compute(op, xs, attrs):
         if attrs["forward"]:
             return jnp.fft.fftn(xs[0], axes=attrs["axes"], norm=_FFT_NORM[attrs["norm"]])
         return jnp.fft.ifftn(xs[0], axes=attrs["axes"], norm=_INVERSE_NORM[attrs["norm"]])
+    if op == "view_as_real":
+        x = xs[0].astype(jnp.complex64)
+        return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1).astype(jnp.float32)
+    if op == "view_as_complex":
+        x = xs[0].astype(jnp.float32)
+        return lax.complex(x[..., 0], x[..., 1])
     raise AssertionError(f"general.py has no {op}")
 
 

@@ -499,6 +499,25 @@ def _argmax(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     return imp.reshape(y, imp.out_type().shape) if keep else y
 
 
+def _argmin(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    # the first minimum is the first maximum of -x
+    return _argmax(imp, node, [imp.emit("neg", [args[0]], "neg"), *args[1:]], kwargs)
+
+
+def _max_dim(op: str) -> Callable:
+    """max.dim / min.dim: (values, indices) along one dim, as a reduction and an argmax."""
+
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+        x, dim = args[0], int(args[1])
+        keep = bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False))
+        rank = imp.types[x].rank
+        values = imp.emit(op, [x], "values", axes=(dim % rank,), keepdims=keep)
+        find = _argmax if op == "reduce_max" else _argmin
+        return (values, find(imp, node, [x, dim, keep], {}))
+
+    return convert
+
+
 def _cumsum(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     dtype = imp.out_type().dtype
     return imp.emit("cumsum", [imp.operand(args[0], dtype)], axis=int(args[1]))
@@ -708,8 +727,43 @@ def _index_put(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     return imp.emit("index_add", [imp.operand(x, dtype), idx_v, src], axis=axis)
 
 
+def _index_many(imp: Importer, node: Any, x: str, indices: Sequence[Any]) -> str:
+    """x[i0, i1, ...] with several index tensors (broadcast together, torch's advanced indexing) as one
+    index_select: the indexed dims merged into one and the indices into one linear index into it.
+    Indexed dims that are not adjacent move to the front first, where torch puts their result."""
+    present = [i for i, v in enumerate(indices) if v is not None]
+    t = imp.types[x]
+    if any(imp.types[indices[i]].dtype == DType.BOOL for i in present if isinstance(indices[i], str)):
+        raise Unsupported(f"node `{node.name}`: boolean-mask indexing (data-dependent shape)")
+    if present != list(range(present[0], present[-1] + 1)):
+        rest = [d for d in range(t.rank) if d not in present]
+        x = imp.emit("transpose", [x], "front", perm=(*present, *rest))
+        indices = [indices[i] for i in present]
+        present = list(range(len(present)))
+        t = imp.types[x]
+    first, k = present[0], len(present)
+    sizes = [int(d) for d in t.shape[first : first + k]]
+    idx = [imp.operand(indices[i], DType.I64) for i in present]
+    shape = tuple(np.broadcast_shapes(*(tuple(imp.types[v].shape) for v in idx)))
+    linear = None
+    for v, size, stride in zip(idx, sizes, np.cumprod([1, *sizes[::-1]])[-2::-1], strict=True):
+        v = imp.emit(
+            "remainder", [v, imp.materialize(size, DType.I64, "size")], "wrap"
+        )  # negative: from the end
+        if stride != 1:
+            v = imp.emit("mul", [v, imp.materialize(int(stride), DType.I64, "stride")], "stride")
+        linear = v if linear is None else imp.emit("add", [linear, v], "linear")
+    linear = _expand(imp, node, [linear], {}, shape) if tuple(imp.types[linear].shape) != shape else linear
+    flat = imp.reshape(linear, (int(np.prod(shape)),))
+    merged = imp.reshape(x, (*t.shape[:first], int(np.prod(sizes)), *t.shape[first + k :]))
+    y = imp.emit("index_select", [merged, flat], axis=first)
+    return imp.reshape(y, imp.out_type().shape)
+
+
 def _index(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     x, indices = args
+    if sum(v is not None for v in indices) > 1:
+        return _index_many(imp, node, x, indices)
     axis, idx = _single_index(node, indices)
     idx_v = (
         imp.operand(idx, DType.I64)
@@ -791,9 +845,9 @@ def _transpose(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     return _permute(imp, node, [x, perm], {})
 
 
-def _expand(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+def _expand(imp: Importer, node: Any, args: list, kwargs: dict, shape: Sequence[int] | None = None) -> str:
     x = args[0]
-    out = imp.out_type().shape
+    out = imp.out_type().shape if shape is None else tuple(shape)
     t = imp.types[x]
     if tuple(t.shape) == tuple(out):
         return x
@@ -909,6 +963,158 @@ def _scatter_box(imp: Importer, box: str, x: str, starts: dict[int, int]) -> str
     return inner
 
 
+def _leaky_relu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    slope = kwargs.get("negative_slope", args[1] if len(args) > 1 else 0.01)
+    dtype = imp.out_type().dtype
+    positive = imp.emit("gt", [x, imp.materialize(0.0, dtype, "zero")], "positive")
+    scaled = imp.emit("mul", [x, imp.materialize(slope, dtype, "slope")], "slope")
+    return imp.emit("where", [positive, x, scaled])
+
+
+def _elu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    # elu(x) = scale * (x if x > 0 else alpha * expm1(x * input_scale)); selu and celu decompose to it
+    x = args[0]
+    alpha, scale, input_scale = (float(args[i]) if len(args) > i else 1.0 for i in (1, 2, 3))
+    dtype = imp.out_type().dtype
+    positive = imp.emit("gt", [x, imp.materialize(0.0, dtype, "zero")], "positive")
+    inner = x if input_scale == 1.0 else imp.emit("mul", [x, imp.materialize(input_scale, dtype, "s")], "s")
+    neg = imp.emit("expm1", [inner], "expm1")
+    if alpha != 1.0:
+        neg = imp.emit("mul", [neg, imp.materialize(alpha, dtype, "alpha")], "alpha")
+    y = imp.emit("where", [positive, x, neg], "elu")
+    return y if scale == 1.0 else imp.emit("mul", [y, imp.materialize(scale, dtype, "scale")])
+
+
+def _exp2(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    return imp.emit("pow", [imp.materialize(2.0, dtype, "two"), imp.operand(args[0], dtype)])
+
+
+def _log2(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    y = imp.emit("log", [imp.operand(args[0], dtype)], "log")
+    return imp.emit("mul", [y, imp.materialize(1.0 / np.log(2.0), dtype, "log2e")])
+
+
+def _isinf(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    dtype = imp.types[x].dtype
+    if not dtype.is_float:
+        return imp.emit("ne", [x, x])  # integers are never infinite: all False
+    return imp.emit("eq", [imp.emit("abs", [x], "abs"), imp.materialize(float("inf"), dtype, "inf")])
+
+
+def _bitwise_not(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    if imp.types[args[0]].dtype != DType.BOOL:
+        raise Unsupported(
+            f"node `{node.name}` ({node.target}) on integers: bitwise ops are outside the op set"
+        )
+    return imp.emit("logical_not", [args[0]])
+
+
+def _fmod(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    # fmod(a, b) = a - trunc(a / b) * b (the sign of a; remainder takes the sign of b)
+    dtype = imp.out_type().dtype
+    if not dtype.is_float:
+        raise Unsupported(f"node `{node.name}`: integer fmod (truncating division) is outside the op set")
+    a, b = imp.operand(args[0], dtype), imp.operand(args[1], dtype)
+    q = imp.emit("trunc", [imp.emit("div", [a, b], "div")], "trunc")
+    return imp.emit("sub", [a, imp.emit("mul", [q, b], "mul")])
+
+
+def _hardtanh(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    lo = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
+    hi = kwargs.get("max_val", args[2] if len(args) > 2 else 1.0)
+    return _clamp(imp, node, [args[0], lo, hi], {})
+
+
+def _flip(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    t = imp.types[x]
+    for d in sorted({int(d) % t.rank for d in args[1]}):
+        n = int(t.shape[d])
+        if n > 1:  # index_select with the reversed positions
+            rev = imp.materialize(torch.arange(n - 1, -1, -1), DType.I64, "reversed")
+            x = imp.emit("index_select", [x, rev], "flip", axis=d)
+    return x
+
+
+def _split_with_sizes(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    x, sizes = args[0], [int(s) for s in args[1]]
+    t = imp.types[x]
+    dim = int(kwargs.get("dim", args[2] if len(args) > 2 else 0)) % t.rank
+    pieces, start = [], 0
+    for size in sizes:
+        if size == int(t.shape[dim]):
+            pieces.append(x)
+        else:
+            pieces.append(imp.emit("slice", [x], "split", axis=dim, start=start, end=start + size))
+        start += size
+    return tuple(pieces)
+
+
+def _vector_norm(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x = args[0]
+    ord_ = float(kwargs.get("ord", args[1] if len(args) > 1 else 2))
+    dims = kwargs.get("dim", args[2] if len(args) > 2 else None)
+    keep = bool(kwargs.get("keepdim", args[3] if len(args) > 3 else False))
+    dtype = imp.out_type().dtype
+    x = imp.operand(x, dtype)
+    rank = imp.types[x].rank
+    axes = _dims(dims, rank) or tuple(range(rank))
+    a = imp.emit("abs", [x], "abs")
+    if ord_ == float("inf"):
+        return imp.emit("reduce_max", [a], axes=axes, keepdims=keep)
+    if ord_ == float("-inf"):
+        return imp.emit("reduce_min", [a], axes=axes, keepdims=keep)
+    if ord_ == 0.0:
+        nz = imp.emit(
+            "cast", [imp.emit("ne", [x, imp.materialize(0.0, dtype, "zero")], "nz")], "nz", dtype=dtype.value
+        )
+        return imp.emit("reduce_sum", [nz], axes=axes, keepdims=keep)
+    if ord_ == 1.0:
+        return imp.emit("reduce_sum", [a], axes=axes, keepdims=keep)
+    if ord_ == 2.0:
+        s = imp.emit("reduce_sum", [imp.emit("mul", [a, a], "square")], "sum", axes=axes, keepdims=keep)
+        return imp.emit("sqrt", [s])
+    p = imp.emit("pow", [a, imp.materialize(ord_, dtype, "ord")], "pow")
+    s = imp.emit("reduce_sum", [p], "sum", axes=axes, keepdims=keep)
+    return imp.emit("pow", [s, imp.materialize(1.0 / ord_, dtype, "inv_ord")])
+
+
+def _batch_norm_batch_stats(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    """Batch norm over the batch's own statistics (`no_stats`: instance norm, or a norm in training
+    mode): per channel over N and every spatial dim, as a group norm with one group per channel on
+    [1, C, N * S]."""
+    x, w, b = args[:3]
+    eps = float(args[-1])
+    t = imp.types[x]
+    dtype = imp.out_type().dtype
+    n, c = int(t.shape[0]), int(t.shape[1])
+    spatial = int(np.prod(t.shape[2:])) if t.rank > 2 else 1
+    y = x
+    if n > 1:
+        y = imp.emit("transpose", [y], "nc", perm=(1, 0, *range(2, t.rank)))
+    y = imp.reshape(y, (1, c, n * spatial))
+    w = torch.ones(c) if w is None and b is not None else w
+    params = [imp.operand(p, dtype) for p in (w, b) if p is not None]
+    y = imp.emit("group_norm", [y, *params], "norm", groups=c, eps=eps)
+    if n > 1:
+        y = imp.reshape(y, (c, n, *t.shape[2:]))
+        y = imp.emit("transpose", [y], "back", perm=(1, 0, *range(2, t.rank)))
+    y = imp.reshape(y, t.shape)
+    imp.check(node, y)
+    return (y, Absent("batch norm's saved mean"), Absent("batch norm's saved rstd"))
+
+
+def _unary_op(op: str) -> Callable:
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        return imp.emit(op, [args[0]])
+
+    return convert
+
+
 def _fft(op: str) -> Callable:
     def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
         x, dim, norm, last = args[:4]
@@ -965,7 +1171,9 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.any.dim": _reduce("reduce_any"), "aten.any.dims": _reduce("reduce_any"),
     "aten.any.default": _reduce("reduce_any", None, None),
     "aten.all.dim": _reduce("reduce_all"), "aten.all.default": _reduce("reduce_all", None, None),
-    "aten.var.correction": _var, "aten.argmax.default": _argmax,
+    "aten.var.correction": _var, "aten.argmax.default": _argmax, "aten.argmin.default": _argmin,
+    "aten.max.dim": _max_dim("reduce_max"), "aten.min.dim": _max_dim("reduce_min"),
+    "aten.max.default": _reduce("reduce_max", None, None), "aten.min.default": _reduce("reduce_min", None, None),
     "aten.cumsum.default": _cumsum,
     "aten._softmax.default": _softmax("softmax"), "aten._log_softmax.default": _softmax("log_softmax"),
     "aten.mm.default": _mm, "aten.bmm.default": _mm, "aten.addmm.default": _addmm,
@@ -994,4 +1202,11 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.unfold.default": _unfold, "aten.constant_pad_nd.default": _constant_pad,
     "aten._fft_r2c.default": _fft("fft_r2c"), "aten._fft_c2r.default": _fft("fft_c2r"),
     "aten._fft_c2c.default": _fft("fft_c2c"),
+    "aten.leaky_relu.default": _leaky_relu, "aten.elu.default": _elu, "aten.hardtanh.default": _hardtanh,
+    "aten.exp2.default": _exp2, "aten.log2.default": _log2, "aten.isinf.default": _isinf,
+    "aten.bitwise_not.default": _bitwise_not, "aten.fmod.Scalar": _fmod, "aten.fmod.Tensor": _fmod,
+    "aten.flip.default": _flip, "aten.split_with_sizes.default": _split_with_sizes,
+    "aten.linalg_vector_norm.default": _vector_norm,
+    "aten._native_batch_norm_legit.no_stats": _batch_norm_batch_stats,
+    "aten.view_as_real.default": _unary_op("view_as_real"), "aten.view_as_complex.default": _unary_op("view_as_complex"),
 }  # fmt: skip

@@ -25,7 +25,8 @@ The set, by group (each op's numpy definition is in general_reference.py):
                batch_norm (inference: running statistics)
   indexing     index_select gather scatter_add index_add (torch's semantics, along `axis`)
   layout       expand, strided_slice (step > 1), slice_scatter
-  spectral     fft_r2c fft_c2r fft_c2c over `axes`, norm none|sqrt|n (torch's 0|1|2), complex64 values
+  spectral     fft_r2c fft_c2r fft_c2c over `axes`, norm none|sqrt|n (torch's 0|1|2), complex64 values;
+               view_as_real (c64 [*] -> f32 [*, 2]: real, imaginary) and view_as_complex (its inverse)
 """
 
 from __future__ import annotations
@@ -405,6 +406,21 @@ def _infer_fft(op: str):
     return infer
 
 
+def _infer_view_as_real(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    _req(x.dtype == DType.C64, f"view_as_real takes c64, got {x}")
+    return [TensorType(DType.F32, (*x.shape, 2))]
+
+
+def _infer_view_as_complex(ins: list[TensorType], attrs: Mapping) -> list[TensorType]:
+    (x,) = ins
+    _req(
+        x.dtype == DType.F32 and x.rank >= 1 and x.shape[-1] == 2,
+        f"view_as_complex takes f32 [*, 2], got {x}",
+    )
+    return [TensorType(DType.C64, tuple(x.shape[:-1]))]
+
+
 def _cost_fft(ins, outs, attrs) -> Cost:
     import math
 
@@ -663,6 +679,26 @@ def _general_ops() -> list[OpDef]:
                 "norm": _NORM,
                 "forward": AttrSpec("bool", default=True),
             },
+        )
+    )
+    ops.append(
+        OpDef(
+            "view_as_real",
+            "spectral",
+            (1, 1),
+            _infer_view_as_real,
+            _cost_move,
+            doc="c64 [*] -> f32 [*, 2]: each value's real and imaginary parts",
+        )
+    )
+    ops.append(
+        OpDef(
+            "view_as_complex",
+            "spectral",
+            (1, 1),
+            _infer_view_as_complex,
+            _cost_move,
+            doc="f32 [*, 2] -> c64 [*]: the last dim's (real, imaginary) pairs as complex values",
         )
     )
     return ops  # fmt: skip

@@ -415,6 +415,16 @@ def _fft_c2c(ins: list[Array], a: Mapping) -> list[Array]:
     return [y.astype(np.complex64)]
 
 
+def _view_as_real(ins: list[Array], a: Mapping) -> list[Array]:
+    x = np.asarray(ins[0], np.complex64)
+    return [np.stack([x.real, x.imag], axis=-1).astype(np.float32)]
+
+
+def _view_as_complex(ins: list[Array], a: Mapping) -> list[Array]:
+    x = np.asarray(ins[0], np.float32)
+    return [(x[..., 0] + 1j * x[..., 1]).astype(np.complex64)]
+
+
 def _general_reference() -> dict[str, RefFn]:
     from polymorph.ir.general_ops import BINARY_ARITH, BINARY_LOGICAL, COMPARE, REDUCE, UNARY_FLOAT
 
@@ -429,6 +439,7 @@ def _general_reference() -> dict[str, RefFn]:
         "scatter_add": _scatter_add, "index_add": _index_add, "expand": _expand,
         "strided_slice": _strided_slice, "slice_scatter": _slice_scatter, "fft_r2c": _fft_r2c,
         "fft_c2r": _fft_c2r, "fft_c2c": _fft_c2c,
+        "view_as_real": _view_as_real, "view_as_complex": _view_as_complex,
     })  # fmt: skip
     return table
 
