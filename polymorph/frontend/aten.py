@@ -259,6 +259,12 @@ class Importer:
         return base
 
     def emit(self, op: str, inputs: Sequence[str], suffix: str = "", **attrs: Any) -> str:
+        if op not in COMPLEX_OPS and any(self.types[v].dtype == DType.C64 for v in inputs):
+            # the general ops' arithmetic is real: a complex operand would lose its imaginary part
+            raise Unsupported(
+                f"node `{self.fx.name}` ({self.fx.target}) on complex values: `{op}` is real-valued; complex "
+                f"values are imported through {', '.join(sorted(COMPLEX_OPS))}, add, sub, mul, div, abs and neg"
+            )
         name = self.node_name(suffix)
         attrs = normalize_attrs(op_def(op), attrs)
         from polymorph.ir.graph import Node
@@ -365,6 +371,14 @@ def promoted(*values: Any, imp: Importer) -> DType:
 
 def _unary(op: str) -> Callable:
     def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+        if isinstance(args[0], str) and imp.types[args[0]].dtype == DType.C64:
+            re, im = _parts(imp, args[0])
+            if op == "abs":  # |z|
+                sq = imp.emit("add", [imp.emit("mul", [re, re], "rr"), imp.emit("mul", [im, im], "ii")], "sq")
+                return imp.emit("sqrt", [sq])
+            if op == "neg":
+                return _complex(imp, imp.emit("neg", [re], "re"), imp.emit("neg", [im], "im"))
+            raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: only abs and neg are")
         return imp.emit(op, [imp.operand(args[0], imp.out_type().dtype)])
 
     return convert
@@ -376,6 +390,76 @@ def _gelu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     )
 
 
+def _parts(imp: Importer, value: Any) -> tuple[str, str | None]:
+    """(real, imaginary) f32 parts of a complex value; a real value is (itself, None)."""
+    if not isinstance(value, str) or imp.types[value].dtype != DType.C64:
+        if not isinstance(value, str) and isinstance(value, complex | torch.Tensor):
+            value = imp.materialize(torch.as_tensor(value, dtype=torch.complex64), DType.C64, "complex")
+        else:
+            return imp.operand(value, DType.F32), None
+    pairs = imp.emit("view_as_real", [value], "parts")  # [*, 2]
+    shape = imp.types[value].shape
+    re = imp.reshape(imp.emit("slice", [pairs], "re", axis=-1 % (len(shape) + 1), start=0, end=1), shape)
+    im = imp.reshape(imp.emit("slice", [pairs], "im", axis=-1 % (len(shape) + 1), start=1, end=2), shape)
+    return re, im
+
+
+def _complex(imp: Importer, re: str, im: str | None) -> str:
+    """The complex value of f32 parts (a missing imaginary part is zero) broadcast to one shape."""
+    if im is None:
+        im = imp.emit("mul", [re, imp.materialize(0.0, DType.F32, "zero")], "zero_im")
+    shape = tuple(np.broadcast_shapes(tuple(imp.types[re].shape), tuple(imp.types[im].shape)))
+    cols = []
+    for v in (re, im):
+        if tuple(imp.types[v].shape) != shape:
+            v = imp.emit(
+                "expand",
+                [imp.reshape(v, (1,) * (len(shape) - imp.types[v].rank) + tuple(imp.types[v].shape))],
+                "bcast",
+                shape=shape,
+            )
+        cols.append(imp.reshape(v, (*shape, 1)))
+    pairs = imp.emit("concat", cols, "pairs", axis=len(shape))
+    return imp.emit("view_as_complex", [pairs])
+
+
+def _complex_binary(imp: Importer, node: Any, op: str, a: Any, b: Any) -> str:
+    """A complex add, sub, mul or div in real arithmetic on the parts (the general ops' elementwise
+    kernels compute in real float32)."""
+    (ar, ai), (br, bi) = _parts(imp, a), _parts(imp, b)
+
+    if op in ("add", "sub"):
+        re = imp.emit(op, [ar, br], op)
+        if bi is None:
+            im = ai
+        elif ai is None:
+            im = bi if op == "add" else imp.emit("neg", [bi], "neg")
+        else:
+            im = imp.emit(op, [ai, bi], op)
+        return _complex(imp, re, im)
+    if op == "mul":
+        re = imp.emit("mul", [ar, br], "rr")
+        if ai is not None and bi is not None:
+            re = imp.emit("sub", [re, imp.emit("mul", [ai, bi], "ii")], "re")
+        terms = [imp.emit("mul", [ar, bi], "ri")] if bi is not None else []
+        terms += [imp.emit("mul", [ai, br], "ir")] if ai is not None else []
+        im = terms[0] if len(terms) == 1 else imp.emit("add", terms, "im") if terms else None
+        return _complex(imp, re, im)
+    if op == "div":
+        if bi is None:
+            return _complex(
+                imp, imp.emit("div", [ar, br], "re"), None if ai is None else imp.emit("div", [ai, br], "im")
+            )
+        denom = imp.emit("add", [imp.emit("mul", [br, br], "bb"), imp.emit("mul", [bi, bi], "bb")], "denom")
+        re = imp.emit("mul", [ar, br], "rr")
+        im = imp.emit("neg", [imp.emit("mul", [ar, bi], "ri")], "neg")
+        if ai is not None:
+            re = imp.emit("add", [re, imp.emit("mul", [ai, bi], "ii")], "re")
+            im = imp.emit("add", [im, imp.emit("mul", [ai, br], "ir")], "im")
+        return _complex(imp, imp.emit("div", [re, denom], "re"), imp.emit("div", [im, denom], "im"))
+    raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: only add, sub, mul and div are")
+
+
 def _binary(op: str, alpha: bool = False, reverse: bool = False) -> Callable:
     def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
         a, b = args[0], args[1]
@@ -383,6 +467,10 @@ def _binary(op: str, alpha: bool = False, reverse: bool = False) -> Callable:
             a, b = b, a
         dtype = imp.out_type().dtype
         scale = kwargs.get("alpha", args[2] if alpha and len(args) > 2 else 1)
+        if dtype == DType.C64:
+            if scale != 1:
+                b = _complex_binary(imp, node, "mul", b, scale)
+            return _complex_binary(imp, node, op, a, b)
         x = imp.operand(a, dtype)
         y = imp.operand(b, dtype)
         if scale != 1:
@@ -1132,6 +1220,9 @@ def _fft(op: str) -> Callable:
     return convert
 
 
+# The IR ops that take complex64 operands; complex arithmetic is imported as real arithmetic on the parts.
+COMPLEX_OPS = frozenset({"cmatmul", "fft_c2c", "fft_c2r", "view_as_real", "reshape", "transpose", "slice",
+                         "strided_slice", "concat", "expand", "slice_scatter", "index_select"})  # fmt: skip
 SKIP = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
                   "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"})  # fmt: skip
 # Ops whose result depends only on their tensor arguments' shapes and dtypes: always constants.
