@@ -645,15 +645,67 @@ def _ints(v: Any, n: int) -> tuple[int, ...]:
 
 def _convolution(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = args[:9]
-    if transposed:
-        raise Unsupported(f"node `{node.name}`: transposed convolution is outside the op set (conv only)")
     n = imp.types[w].rank - 2
     dtype = imp.out_type().dtype
+    if transposed:
+        return _conv_transpose(imp, node, [imp.operand(v, dtype) if v is not None else None for v in (x, w, b)],
+                               _ints(stride, n), _ints(padding, n), _ints(dilation, n), _ints(output_padding, n),
+                               int(groups))  # fmt: skip
     inputs = [imp.operand(x, dtype), imp.operand(w, dtype)] + (
         [imp.operand(b, dtype)] if b is not None else []
     )
     return imp.emit("conv", inputs, stride=_ints(stride, n), padding=_ints(padding, n), dilation=_ints(dilation, n),
                     groups=int(groups))  # fmt: skip
+
+
+def _zeros_along(imp: Importer, x: str, axis: int, count: int) -> str:
+    """Zeros of x's shape but `count` along `axis` (a broadcast scalar, not a stored constant)."""
+    t = imp.types[x]
+    shape = (*t.shape[:axis], count, *t.shape[axis + 1 :])
+    zero = imp.reshape(imp.materialize(0.0, t.dtype, "zero"), (1,) * t.rank)
+    return imp.emit("expand", [zero], "zeros", shape=tuple(int(d) for d in shape))
+
+
+def _pad_axis(imp: Importer, x: str, axis: int, left: int, right: int) -> str:
+    """x zero-padded along `axis` (a negative amount crops)."""
+    size = int(imp.types[x].shape[axis])
+    lo, hi = max(-left, 0), size - max(-right, 0)
+    if lo or hi != size:
+        x = imp.emit("slice", [x], "crop", axis=axis, start=lo, end=hi)
+    pieces = [_zeros_along(imp, x, axis, left)] if left > 0 else []
+    pieces += [x] + ([_zeros_along(imp, x, axis, right)] if right > 0 else [])
+    return x if len(pieces) == 1 else imp.emit("concat", pieces, "pad", axis=axis)
+
+
+def _conv_transpose(imp: Importer, node: Any, xwb: list, stride: tuple, padding: tuple, dilation: tuple,
+                    output_padding: tuple, groups: int) -> str:  # fmt: skip
+    """A transposed convolution as the conv it is the gradient of: the input with stride - 1 zeros
+    between its elements, padded by dilation * (k - 1) - padding (output_padding more on the right),
+    convolved at stride 1 with the weight's in/out channels swapped per group and its taps flipped."""
+    x, w, b = xwb
+    wt = imp.types[w]
+    cin, cout_g, kernel = int(wt.shape[0]), int(wt.shape[1]), [int(k) for k in wt.shape[2:]]
+    n = len(kernel)
+    for i in range(n):
+        axis, s = 2 + i, stride[i]
+        if s > 1:  # [.., L, ..] -> [.., L, s, ..] with zeros after each element -> [.., (L-1)*s+1, ..]
+            t = imp.types[x]
+            size = int(t.shape[axis])
+            col = imp.reshape(x, (*t.shape[: axis + 1], 1, *t.shape[axis + 1 :]))
+            spread = imp.emit(
+                "concat", [col, _zeros_along(imp, col, axis + 1, s - 1)], "spread", axis=axis + 1
+            )
+            x = imp.reshape(spread, (*t.shape[:axis], size * s, *t.shape[axis + 1 :]))
+            x = imp.emit("slice", [x], "spread", axis=axis, start=0, end=(size - 1) * s + 1)
+        edge = dilation[i] * (kernel[i] - 1) - padding[i]
+        x = _pad_axis(imp, x, axis, edge, edge + output_padding[i])
+    # w: [Cin, Cout/g, *K] -> [Cout, Cin/g, *K], taps flipped
+    w = imp.reshape(w, (groups, cin // groups, cout_g, *kernel))
+    w = imp.emit("transpose", [w], "swap", perm=(0, 2, 1, *range(3, 3 + n)))
+    w = imp.reshape(w, (groups * cout_g, cin // groups, *kernel))
+    w = _flip(imp, node, [w, list(range(2, 2 + n))], {})
+    return imp.emit("conv", [x, w] + ([b] if b is not None else []), stride=(1,) * n, padding=(0,) * n,
+                    dilation=dilation, groups=groups)  # fmt: skip
 
 
 def _pool_attrs(args: list, n: int, start: int = 1) -> tuple[tuple[int, ...], ...]:
