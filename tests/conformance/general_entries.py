@@ -176,4 +176,10 @@ def entries(ns: Mapping[str, Any]) -> list[Any]:
         last_size=8)  # fmt: skip
     add("fft_c2c", "fft_c2c", {"x": x(2, 6, 5)}, dtypes=(C64,), fix=_complex("x"), axes=(2,), norm="none",
         forward=False)  # fmt: skip
+    add("view_as_real", "view_as_real", {"x": x("batch", 6, 5)}, dtypes=(C64,), fix=_complex("x"))
+    add("view_as_complex", "view_as_complex", {"x": x("batch", 5, 2)}, dtypes=(F32,))
+    # the importer's composites over existing ops: flip (index_select of reversed positions), advanced
+    # indexing with several tensors (a linear index: remainder, mul and add on i64)
+    add("remainder.i64", "remainder", {"a": x("batch", 7), "b": x(1, 7)}, dtypes=(I64,),
+        ints={"a": _index(-9, 9), "b": _index(1, 9)})  # fmt: skip
     return e
