@@ -275,6 +275,16 @@ def _fft(op: str) -> Callable[[Any], None]:
     return step
 
 
+def step_view_as_real(r: Any) -> None:
+    shape = tuple(_ints(r, 1, 4) for _ in range(_ints(r, 0, 2)))
+    r.op("view_as_real", r.input(DType.C64, shape), reusable=False)
+
+
+def step_view_as_complex(r: Any) -> None:
+    shape = tuple(_ints(r, 1, 4) for _ in range(_ints(r, 0, 2)))
+    r.op("view_as_complex", r.input(DType.F32, (*shape, 2)), reusable=False)
+
+
 GENERAL_STEPS: dict[str, Callable[[Any], None]] = {
     **{op: _unary(op) for op in UNARY_FLOAT},
     **{op: _binary(op) for op in ("sub", "div", "pow", "maximum", "minimum", "remainder")},
@@ -288,4 +298,5 @@ GENERAL_STEPS: dict[str, Callable[[Any], None]] = {
     "index_select": step_index_select, "gather": step_gather, "scatter_add": step_scatter_add,
     "index_add": step_index_add, "expand": step_expand, "strided_slice": step_strided_slice,
     "slice_scatter": step_slice_scatter, **{op: _fft(op) for op in ("fft_r2c", "fft_c2r", "fft_c2c")},
+    "view_as_real": step_view_as_real, "view_as_complex": step_view_as_complex,
 }  # fmt: skip
