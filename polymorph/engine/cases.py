@@ -20,7 +20,8 @@ legally take (polymorph/ir/int_ranges.py): [0, n) where it indexes a dim of n, e
 example inputs' range; both ends of the range are in every draw, and the case's distribution picks
 the pattern of the rest (`INDEX_PATTERNS`): uniform, sorted (a kernel's fast path for sorted or
 CSR-style indices), or a hub (all but a few entries one value: a target many times over, as a
-power-law graph's hub node is, and most rows no entry reaches). A bool input is drawn at random.
+power-law graph's hub node is, and most rows no entry reaches). A bool input (a mask) is drawn half
+True at random, all True (nothing masked) or all False, by the case's distribution (`BOOL_PATTERNS`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ DISTRIBUTIONS = ("normal", "uniform ±1e3", "normal with outliers ±1e4")
 ROUTING = dict(zip(DISTRIBUTIONS, ("uniform", "imbalanced", "near-ties"), strict=True))
 INDEX_PATTERNS = dict(zip(DISTRIBUTIONS, ("uniform", "sorted", "hub"), strict=True))
 HUB_SHARE = 0.875  # of a hub draw's entries that hold its one value
+# A bool input (a mask) by the case's distribution: half True at random, every element True (nothing
+# masked: a batch without padding), or every element False.
+BOOL_PATTERNS = dict(zip(DISTRIBUTIONS, ("random", "all True", "all False"), strict=True))
+# An imported program's extra float regime: normal draws about a common offset of 1e3 (a random sign
+# per tensor), as activations with a DC component are. A variance as E[x^2] - E[x]^2, or any sum that
+# cancels in float32, is right about zero and wrong here.
+OFFSET = "normal about a common offset ±1e3"
 # Bit-exact mode's extra float regimes (the `exact` gate's, compared with the stock kernel's bytes and
 # never with the reference): normal draws with a quarter of the elements special values, each of them
 # at least once. Tiny: signed zeros, float32 subnormals and the smallest normals, f16 subnormals,
@@ -86,6 +94,8 @@ def draw_float(rng: np.random.Generator, dist: str, shape: tuple[int, ...]) -> n
         return rng.standard_normal(shape)
     if dist == DISTRIBUTIONS[1]:
         return rng.uniform(-1e3, 1e3, shape)
+    if dist == OFFSET:
+        return rng.standard_normal(shape) + float(rng.choice([-1e3, 1e3]))
     if dist in SPECIALS:
         x = rng.standard_normal(shape)
         values = np.array(_TINY if dist == SPECIALS[0] else _NONFINITE)
@@ -154,7 +164,7 @@ def draw(
                 _expert_indices(rng, concrete(t.shape, bindings), experts[v], ROUTING.get(dist, "uniform"))
             )
         elif t.dtype == DType.BOOL:
-            inputs.append(rng.random(concrete(t.shape, bindings)) < 0.5)
+            inputs.append(_draw_bool(rng, concrete(t.shape, bindings), BOOL_PATTERNS.get(dist, "random")))
         elif v in (legal := _legal(group)):
             lo, hi = legal[v]
             pattern = INDEX_PATTERNS.get(dist, "uniform")
@@ -197,6 +207,14 @@ def _draw_in(
         if pattern == "sorted":
             flat.sort()
     return x
+
+
+def _draw_bool(rng: np.random.Generator, shape: tuple[int, ...], pattern: str) -> np.ndarray:
+    if pattern == "all True":
+        return np.ones(shape, dtype=bool)
+    if pattern == "all False":
+        return np.zeros(shape, dtype=bool)
+    return rng.random(shape) < 0.5
 
 
 def _group_nodes(group: GroupInfo) -> list[Any]:

@@ -19,8 +19,10 @@ its cause:
                             (a cache written in place by design excepted)
   honesty.input_dependence  where the stock kernel's output changes with the inputs (same shape,
                             other values), the candidate's changes too: no constant or cached answers
-  honesty.output_prefill    the same inputs into buffers prefilled with 0 and with -7.5 give the same
-                            output: every element is written
+  honesty.output_prefill    the same inputs into buffers prefilled with 0 and with a value drawn for
+                            the candidate give the output they gave into buffers poisoned with NaN:
+                            every element is written, and a kernel right only in the poisoned
+                            buffers every judged call has is not
   honesty.completion        the output does not change after the answer came (the worker thawed for
                             a moment and frozen again): no work left running
   honesty.determinism       where the stock kernel is bitwise deterministic, two runs of the candidate
@@ -56,7 +58,8 @@ its cause:
                             kernel that is not bitwise deterministic here sets no bar, and fails it
 
 An imported program (torch.export: no tokens, no cache) is gated at its example inputs' shapes, the
-one shape it has: the group gates run on those, and quality and kv_isolation, which teacher-force
+one shape it has: the group gates run on those (with one more regime, normal about a common offset:
+nothing else judges a program's group), and quality and kv_isolation, which teacher-force
 tokens and read a cache, are "skipped" as not applicable. A program group whose inputs cannot be
 drawn (an integer input of no known meaning) fails the group gates: nothing else would judge it.
 
@@ -80,6 +83,7 @@ import numpy as np
 
 from polymorph.engine.cases import (
     DISTRIBUTIONS,
+    OFFSET,
     SPECIALS,
     GroupInfo,
     Undrawable,
@@ -370,12 +374,12 @@ class _Run:
         return self._group_cases(draws)
 
     def _program_group_gates(self, common: dict[str, int]) -> list[Gate]:
-        """A program's group at its one shape (its example inputs'): every distribution, and PROGRAM_DRAWS
-        more fresh normal draws. Undrawable fails here: no model gate covers a program's group."""
+        """A program's group at its one shape (its example inputs'): every distribution, normal draws about
+        a common offset (`cases.OFFSET`), and PROGRAM_DRAWS more fresh normal draws. Undrawable fails here: no model gate covers a program's group."""
         try:
             draws = [
                 (PROGRAM_SHAPE, dist, *draw(self.ginfo, self.rng, PROGRAM_SHAPE, dist, **common))
-                for dist in (*DISTRIBUTIONS, *[DISTRIBUTIONS[0]] * PROGRAM_DRAWS)
+                for dist in (*DISTRIBUTIONS, OFFSET, *[DISTRIBUTIONS[0]] * PROGRAM_DRAWS)
             ]
         except Undrawable as e:
             names = EXACT_GROUP_GATES if self.exact else GROUP_GATES
@@ -397,18 +401,20 @@ class _Run:
         # Extra runs on the first case: prefill, completion and determinism.
         first = cases[0]
         self.current = OUTPUT_PREFILL
+        fill = float(np.float32(self.rng.uniform(-1e3, 1e3)))  # drawn: no value a kernel could expect
         zero = self.call(first.inputs, first.bindings, fill=0.0).output(0)
-        settled = self.call(first.inputs, first.bindings, fill=-7.5).output(0)
+        settled = self.call(first.inputs, first.bindings, fill=fill).output(0)
         late = [_changed(settled, self.engine.settle(SETTLE_S))]
         # Once more on other inputs: a late write the host's scheduler happened to hide shows here.
         second = cases[1]
-        answered = self.call(second.inputs, second.bindings, fill=-7.5).output(0)
+        answered = self.call(second.inputs, second.bindings, fill=fill).output(0)
         late.append(_changed(answered, self.engine.settle(SETTLE_S)))
         self.current = DETERMINISM
         again = self.call(first.inputs, first.bindings).output(0)
         stock_again = self.stock(first.inputs, first.bindings).output(0)
         deterministic = _same(first.stock, stock_again)
-        gates.append(_output_prefill(zero, settled, deterministic, self._allowed(first)[0]))
+        prefilled = [("0", zero), (f"{fill:g}", settled)]
+        gates.append(_output_prefill(first.got, prefilled, deterministic, self._allowed(first)[0]))
         gates.append(_completion(late))
         gates.append(_determinism(first.got, again, deterministic))
         if self.exact:
@@ -532,8 +538,8 @@ class _Run:
         captured = [c.shape for c in cases if c.dist == CAPTURED]
         also = f"; activations captured from a run of the model at {captured[0]}" if captured else ""
         if self.program:
-            return Gate(NUMERICS, "pass", f"{len(cases)} cases ({', '.join(DISTRIBUTIONS)} and fresh normal "
-                        f"draws at the program's shapes): worst error {worst:.3g}")  # fmt: skip
+            return Gate(NUMERICS, "pass", f"{len(cases)} cases ({', '.join((*DISTRIBUTIONS, OFFSET))} and fresh "
+                        f"normal draws at the program's shapes): worst error {worst:.3g}")  # fmt: skip
         longest = next(c for c in cases if c.dist == LONGEST)
         return Gate(
             NUMERICS,
@@ -895,21 +901,33 @@ def _input_dependence(cases: list[_Case]) -> Gate:
 
 
 def _output_prefill(
-    zero: list[np.ndarray], other: list[np.ndarray], deterministic: bool, allowed: float
+    poisoned: list[np.ndarray],
+    prefilled: list[tuple[str, list[np.ndarray]]],
+    deterministic: bool,
+    allowed: float,
 ) -> Gate:
-    for i, (a, b) in enumerate(zip(zero, other, strict=True)):
-        if a.tobytes() == b.tobytes():
-            continue
-        if not deterministic and _error(a, b) <= allowed:
-            continue
-        differ = int((a != b).sum())
-        return Gate(
-            OUTPUT_PREFILL,
-            "fail",
-            f"output {i} depends on the buffer's prior contents: {differ}/{a.size} elements differ "
-            "between buffers prefilled with 0 and with -7.5 (not every element is written)",
-        )
+    """The outputs of the same inputs into buffers prefilled with each value of `prefilled` against
+    those into buffers poisoned with NaN (the ones numerics judged): byte for byte where the stock kernel
+    is deterministic, else within `allowed`."""
+    for value, outputs in prefilled:
+        for i, (a, b) in enumerate(zip(outputs, poisoned, strict=True)):
+            if a.tobytes() == b.tobytes():
+                continue
+            if not deterministic and _error(a, b) <= allowed:
+                continue
+            differ = int(((a != b) & ~(_isnan(a) & _isnan(b))).sum())
+            return Gate(
+                OUTPUT_PREFILL,
+                "fail",
+                f"output {i} depends on the buffer's prior contents: {differ}/{a.size} elements differ "
+                f"between buffers prefilled with {value} and buffers poisoned with NaN (not every element "
+                "is written, or the answer is right only in a poisoned buffer)",
+            )
     return Gate(OUTPUT_PREFILL, "pass", "the same output whatever the buffers held before")
+
+
+def _isnan(a: np.ndarray) -> np.ndarray:
+    return np.isnan(a) if a.dtype.kind in "fc" else np.zeros(a.shape, dtype=bool)
 
 
 def _changed(answered: list[np.ndarray], later: list[np.ndarray]) -> list[bool]:

@@ -10,6 +10,15 @@ says its trick), every one of which passed the gates before the fix named with i
 - index kernels wrong only for index patterns uniform draws never make: a target reached more than a
   dozen times (index_add_capacity.py), indices in sorted order (index_select_sorted_path.py); fix: the
   case's distribution picks a uniform, sorted or hub pattern (cases.INDEX_PATTERNS);
+- a layer norm whose variance is E[x^2] - E[x]^2 in float32 (layernorm_naive_variance.py): right about
+  zero, where every draw was centred; fix: a program's group gets a case about a common offset of 1e3
+  (cases.OFFSET);
+- a masked sum with a wrong fast path for a mask with nothing masked (mask_fast_path.py): masks were
+  drawn half True at random; fix: all True and all False too, by the case's distribution
+  (cases.BOOL_PATTERNS);
+- a kernel right only when its output buffer holds NaN, the poison of every call the gates judge
+  (right_only_when_poisoned.py): the prefill gate compared its 0-filled and -7.5-filled runs only with
+  each other; fix: both are compared with the poisoned run's answer, and the second fill is drawn;
 - bit-exact mode: a candidate bit-exact for its first calls and off by an ulp or so after them
   (inexact_after_calls.py; fix: every timed call is held to the stock kernel's bytes), and ones
   bit-exact except on subnormals (flushes_subnormals.py) or signed zeros (signed_zero.py), values no
@@ -25,27 +34,27 @@ import numpy as np
 import pytest
 import torch
 
-from polymorph.engine.cases import HUB_SHARE, SPECIALS, _draw_in, draw_float, error
+from polymorph.engine.cases import HUB_SHARE, SPECIALS, _draw_bool, _draw_in, draw_float, error
 from polymorph.engine.controller import Controller
-from polymorph.engine.gates import CHECKED, EXACT, NUMERICS
+from polymorph.engine.gates import CHECKED, EXACT, NUMERICS, OUTPUT_PREFILL
 
 HERE = Path(__file__).parent / "kernels"
 FUSED = "kernels/torch/general_fused.py"
 
 
-class TwoChains(torch.nn.Module):
-    """Two elementwise chains, one group each: sqrt of an input (positive in the program, not in the
-    gate's draws) and a negation whose zeros keep their sign."""
+class Chains(torch.nn.Module):
+    """Three chains, one group each: sqrt of an input (positive in the program, not in the gate's draws),
+    a negation whose zeros keep their sign, and a masked sum."""
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.sqrt(x) * 2.0 + 1.0, torch.neg(y) * 3.0
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> Any:
+        return torch.sqrt(x) * 2.0 + 1.0, torch.neg(y) * 3.0, torch.where(mask, z, 0.0).sum(-1)
 
 
 @pytest.fixture(scope="module")
 def chains(tmp_path_factory: pytest.TempPathFactory) -> Any:
     path = tmp_path_factory.mktemp("pt2") / "chains.pt2"
-    example = (torch.rand(4, 16) + 0.5, torch.randn(4, 16))
-    torch.export.save(torch.export.export(TwoChains(), example, strict=False), str(path))
+    example = (torch.rand(4, 16) + 0.5, torch.randn(4, 16), torch.randn(4, 16), torch.rand(4, 16) < 0.5)
+    torch.export.save(torch.export.export(Chains(), example, strict=False), str(path))
     with Controller.start(str(path), "cpu") as e:
         yield e
 
@@ -78,9 +87,13 @@ def test_a_group_whose_reference_has_nan_is_still_judged(chains: Any) -> None:
 
 @pytest.mark.parametrize(
     ("op", "kernel"),
-    [("index_add", "index_add_capacity.py"), ("index_select", "index_select_sorted_path.py")],
+    [
+        ("index_add", "index_add_capacity.py"),
+        ("index_select", "index_select_sorted_path.py"),
+        ("layernorm", "layernorm_naive_variance.py"),
+    ],
 )
-def test_index_kernels_wrong_for_some_pattern_are_rejected(gnn: Any, op: str, kernel: str) -> None:
+def test_kernels_wrong_only_off_the_usual_draws_are_rejected(gnn: Any, op: str, kernel: str) -> None:
     _, report = gnn.try_candidate(_group(gnn, op), str(HERE / kernel), {})
     assert report is not None and [g.name for g in report.failed()] == [NUMERICS], _failed(report)
 
@@ -97,8 +110,22 @@ def test_bit_exact_only_on_the_usual_draws_is_rejected(chains: Any, kernel: str,
     assert exact is not None and [g.name for g in exact.failed()] == [gate], _failed(exact)
 
 
+def test_a_mask_fast_path_is_rejected(chains: Any) -> None:
+    group = _group(chains, "reduction:where+reduce_sum")
+    _, stock = chains.try_candidate(group, FUSED, {})
+    assert stock is not None and stock.ok, _failed(stock)
+    _, report = chains.try_candidate(group, str(HERE / "mask_fast_path.py"), {})
+    assert report is not None and [g.name for g in report.failed()] == [NUMERICS], _failed(report)
+
+
+def test_a_kernel_right_only_in_poisoned_buffers_is_rejected(chains: Any) -> None:
+    group = _group(chains, "elementwise:neg+mul")
+    _, report = chains.try_candidate(group, str(HERE / "right_only_when_poisoned.py"), {})
+    assert report is not None and [g.name for g in report.failed()] == [OUTPUT_PREFILL], _failed(report)
+
+
 def test_the_stock_kernel_passes_bit_exact_mode(chains: Any) -> None:
-    for pattern in ("elementwise:neg+mul", "elementwise:sqrt+mul+add"):
+    for pattern in ("elementwise:neg+mul", "elementwise:sqrt+mul+add", "reduction:where+reduce_sum"):
         _, report = chains.try_candidate(_group(chains, pattern), FUSED, {}, exact=True)
         assert report is not None and report.ok, (pattern, _failed(report))
 
@@ -123,5 +150,6 @@ def test_index_patterns_and_special_values() -> None:
                 assert np.bincount(x.reshape(-1)).max() >= 0.75 * HUB_SHARE * x.size
     tiny = draw_float(rng, SPECIALS[0], (4, 16))
     assert (np.signbit(tiny) & (tiny == 0)).any() and ((tiny != 0) & (np.abs(tiny) < 2.0**-126)).any()
+    assert _draw_bool(rng, (3, 5), "all True").all() and not _draw_bool(rng, (3, 5), "all False").any()
     wild = draw_float(rng, SPECIALS[1], (4, 16))
     assert np.isnan(wild).any() and np.isposinf(wild).any() and np.isneginf(wild).any()

@@ -1,16 +1,17 @@
 """Adversarial candidate: leaves a file where the next worker looks. At build it writes into the folder
 its environment names as polymorph's compile cache (POLYMORPH_CACHE_DIR: on neuron the NEFF cache,
-knobs.cache_dir/neuron, that a stock kernel's compile reads), and raises if an earlier worker's file is
-already there. A worker that cannot outlive itself never finds one: a copy of the zygote whose cache
+knobs.cache_dir/neuron, that a stock kernel's compile reads), or with {"folder": "shm"} into /dev/shm,
+and raises if an earlier worker's file is already there. A worker that cannot outlive itself never finds one: a copy of the zygote whose cache
 folder is the zygote's own (never wiped between workers) does, and a candidate could plant a
 compiled artifact there for a later worker's stock kernel to load."""
 
 import os
+import zlib
 
 import torch
 
 IMPLEMENTS = ("elementwise", "reduction")
-CONFIGS = [{}]
+CONFIGS = [{"folder": "cache"}, {"folder": "shm"}]
 MARK = "planted-by-an-earlier-worker"
 
 
@@ -19,8 +20,14 @@ def supports(spec):
 
 
 def build(spec, config, target):
-    folder = os.path.join(os.environ.get("POLYMORPH_CACHE_DIR", os.environ.get("TMPDIR", "/tmp")), "neuron")
-    mark = os.path.join(folder, MARK)
+    if config.get("folder") == "shm":  # the worker's /dev/shm (private to the zygote's sandbox)
+        folder = "/dev/shm"
+    else:
+        folder = os.path.join(
+            os.environ.get("POLYMORPH_CACHE_DIR", os.environ.get("TMPDIR", "/tmp")), "neuron"
+        )
+    engine = os.environ.get("POLYMORPH_CACHE_DIR", "")  # one engine's folder: its own mark, not another's
+    mark = os.path.join(folder, f"{MARK}-{zlib.crc32(engine.encode()):08x}")
     if os.path.exists(mark):
         raise RuntimeError(f"an earlier worker's file is here: {mark}")
     os.makedirs(folder, exist_ok=True)
