@@ -220,13 +220,13 @@ class Importer:
         kwargs = pytree.tree_map(real, {k: self.value(v) for k, v in node.kwargs.items()})
         with torch.no_grad():
             out = node.target(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.dtype not in TORCH_TO_IR:
-            raise Unsupported(
-                f"node `{node.name}` ({key}) makes a {out.dtype} constant, which no IR dtype holds"
-            )
-        return out
+        return out  # a constant of a dtype no IR dtype holds is refused where an IR op reads it (lift)
 
     def lift(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype not in TORCH_TO_IR:
+            raise Unsupported(
+                f"node `{self.fx.name}` ({self.fx.target}) reads a {value.dtype} constant, which no IR dtype holds"
+            )
         if isinstance(value, torch.Tensor):
             return self.materialize(value, None, "const")
         if isinstance(value, list | tuple):
@@ -575,6 +575,18 @@ def _var(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
                     keepdims=bool(keep), correction=float(correction))  # fmt: skip
 
 
+def _var_mean(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    x = args[0]
+    rank = imp.types[x].rank
+    dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    keep = bool(kwargs.get("keepdim", False))
+    dtype = imp.out_type().dtype
+    x = imp.operand(x, dtype)
+    var = _var(imp, node, [x, *args[1:]], kwargs)
+    mean = imp.emit("reduce_mean", [x], "mean", axes=_dims(dims, rank) or tuple(range(rank)), keepdims=keep)
+    return (var, mean)
+
+
 def _argmax(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     x = args[0]
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
@@ -740,15 +752,41 @@ def _avg_pool(n: int) -> Callable:
     return convert
 
 
-def _adaptive_avg_pool(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
-    x = args[0]
-    out = imp.out_type().shape
-    n = len(args[1])
-    sizes = imp.types[x].shape[-n:]
-    if any(s % o for s, o in zip(sizes, out[-n:], strict=True)):
-        raise Unsupported(f"node `{node.name}`: adaptive pooling to sizes that do not divide the input")
-    kernel = tuple(int(s // o) for s, o in zip(sizes, out[-n:], strict=True))
-    return imp.emit("avg_pool", [x], kernel=kernel, stride=kernel, padding=(0,) * n)
+def _adaptive_pool(op: str) -> Callable:
+    """Adaptive pooling: a pool whose kernel is the input / output ratio where that divides; else bin
+    i of an axis of n to o covers [floor(i n / o), ceil((i + 1) n / o)), and a box's mean or max is
+    taken one axis at a time (a box is a product of intervals), one slice and reduction per bin."""
+
+    def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> Any:
+        x = args[0]
+        out = imp.out_type(node).shape
+        n = len(args[1])
+        rank = imp.types[x].rank
+        sizes = [int(s) for s in imp.types[x].shape[-n:]]
+        outs = [int(o) for o in out[-n:]]
+        if not any(s % o for s, o in zip(sizes, outs, strict=True)):
+            kernel = tuple(s // o for s, o in zip(sizes, outs, strict=True))
+            pool = "avg_pool" if op == "reduce_mean" else "max_pool"
+            y = imp.emit(pool, [x], kernel=kernel, stride=kernel, padding=(0,) * n)
+        else:
+            y = x
+            for axis, size, o in zip(range(rank - n, rank), sizes, outs, strict=True):
+                if size == o:
+                    continue
+                bins = []
+                for i in range(o):
+                    lo, hi = (i * size) // o, -((-(i + 1) * size) // o)
+                    piece = (
+                        imp.emit("slice", [y], "bin", axis=axis, start=lo, end=hi) if hi - lo < size else y
+                    )
+                    bins.append(imp.emit(op, [piece], "bin", axes=(axis,), keepdims=True))
+                y = bins[0] if o == 1 else imp.emit("concat", bins, "bins", axis=axis)
+        if op == "reduce_max":
+            imp.check(node, y)
+            return (y, Absent("adaptive max pooling's indices"))
+        return y
+
+    return convert
 
 
 def _upsample(mode: str, n: int) -> Callable:
@@ -1009,6 +1047,26 @@ def _repeat(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     if big != inter:
         x = imp.emit("expand", [x], "tile", shape=big)
     return imp.reshape(x, imp.out_type().shape)
+
+
+def _diagonal(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    """x.diagonal(offset, dim1, dim2): the two dims moved last and merged, then the diagonal's
+    positions picked by index_select; torch puts the diagonal's dim last."""
+    x = args[0]
+    offset = int(kwargs.get("offset", args[1] if len(args) > 1 else 0))
+    t = imp.types[x]
+    d1 = int(kwargs.get("dim1", args[2] if len(args) > 2 else 0)) % t.rank
+    d2 = int(kwargs.get("dim2", args[3] if len(args) > 3 else 1)) % t.rank
+    n, m = int(t.shape[d1]), int(t.shape[d2])
+    rows = np.arange(max(0, -offset), n)
+    rows = rows[rows + offset < m]
+    if rows.size == 0:
+        raise Unsupported(f"node `{node.name}`: an empty diagonal")
+    rest = [d for d in range(t.rank) if d not in (d1, d2)]
+    y = imp.emit("transpose", [x], "last", perm=(*rest, d1, d2))
+    y = imp.reshape(y, (*(int(t.shape[d]) for d in rest), n * m))
+    pick = imp.materialize(torch.from_numpy(rows * m + rows + offset), DType.I64, "diagonal")
+    return imp.emit("index_select", [y, pick], axis=len(rest))
 
 
 def _identity(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
@@ -1314,7 +1372,7 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.any.dim": _reduce("reduce_any"), "aten.any.dims": _reduce("reduce_any"),
     "aten.any.default": _reduce("reduce_any", None, None),
     "aten.all.dim": _reduce("reduce_all"), "aten.all.default": _reduce("reduce_all", None, None),
-    "aten.var.correction": _var, "aten.argmax.default": _argmax, "aten.argmin.default": _argmin,
+    "aten.var.correction": _var, "aten.var_mean.correction": _var_mean, "aten.argmax.default": _argmax, "aten.argmin.default": _argmin,
     "aten.max.dim": _max_dim("reduce_max"), "aten.min.dim": _max_dim("reduce_min"),
     "aten.max.default": _reduce("reduce_max", None, None), "aten.min.default": _reduce("reduce_min", None, None),
     "aten.cumsum.default": _cumsum,
@@ -1324,7 +1382,10 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.max_pool2d_with_indices.default": _max_pool(2), "aten.max_pool3d_with_indices.default": _max_pool(3),
     "aten.avg_pool1d.default": _avg_pool(1), "aten.avg_pool2d.default": _avg_pool(2),
     "aten.avg_pool3d.default": _avg_pool(3),
-    "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool, "aten._adaptive_avg_pool3d.default": _adaptive_avg_pool,
+    "aten._adaptive_avg_pool2d.default": _adaptive_pool("reduce_mean"),
+    "aten._adaptive_avg_pool3d.default": _adaptive_pool("reduce_mean"),
+    "aten.adaptive_max_pool2d.default": _adaptive_pool("reduce_max"),
+    "aten.adaptive_max_pool3d.default": _adaptive_pool("reduce_max"),
     "aten.upsample_nearest1d.vec": _upsample("nearest", 1), "aten.upsample_nearest2d.vec": _upsample("nearest", 2),
     "aten.upsample_nearest3d.vec": _upsample("nearest", 3), "aten.upsample_linear1d.vec": _upsample("linear", 1),
     "aten.upsample_bilinear2d.vec": _upsample("linear", 2), "aten.upsample_trilinear3d.vec": _upsample("linear", 3),
@@ -1337,7 +1398,7 @@ CONVERT: dict[str, Callable[..., Any]] = {
     **{f"aten.{op}": _view for op in ("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",
                                       "squeeze.dim", "squeeze.dims", "squeeze.default", "flatten.using_ints")},
     "aten.permute.default": _permute, "aten.t.default": _transpose, "aten.transpose.int": _transpose,
-    "aten.expand.default": _expand, "aten.repeat.default": _repeat,
+    "aten.expand.default": _expand, "aten.repeat.default": _repeat, "aten.diagonal.default": _diagonal,
     **{f"aten.{op}": _identity for op in ("clone.default", "alias.default", "contiguous.default",
                                           "lift_fresh_copy.default", "detach.default")},
     "aten._to_copy.default": _to_copy, "aten.copy.default": _copy,
