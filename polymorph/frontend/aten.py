@@ -886,55 +886,80 @@ def _single_index(node: Any, indices: Sequence[Any]) -> tuple[int, Any]:
     return present[0]
 
 
-def _index_put(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
-    x, indices, values = args[:3]
-    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    axis, idx = _single_index(node, indices)
-    if not accumulate:
-        raise Unsupported(f"node `{node.name}`: index_put without accumulate is outside the op set")
-    idx_v = imp.operand(idx, DType.I64)
-    t = imp.types[x]
-    if imp.types[idx_v].rank != 1:
-        raise Unsupported(f"node `{node.name}`: index_put with a {imp.types[idx_v].rank}-d index")
-    want = (*t.shape[:axis], imp.types[idx_v].shape[0], *t.shape[axis + 1 :])
-    dtype = imp.out_type().dtype
-    src = imp.operand(values, dtype)
-    if imp.types[src].shape != want:
-        src = imp.reshape(src, (1,) * (len(want) - imp.types[src].rank) + tuple(imp.types[src].shape))
-        src = imp.emit("expand", [src], "expand", shape=want)
-    return imp.emit("index_add", [imp.operand(x, dtype), idx_v, src], axis=axis)
-
-
-def _index_many(imp: Importer, node: Any, x: str, indices: Sequence[Any]) -> str:
-    """x[i0, i1, ...] with several index tensors (broadcast together, torch's advanced indexing) as one
-    index_select: the indexed dims merged into one and the indices into one linear index into it.
-    Indexed dims that are not adjacent move to the front first, where torch puts their result."""
+def _merged_index(imp: Importer, node: Any, x: str, indices: Sequence[Any]) -> tuple:
+    """torch's advanced indexing x[i0, i1, ...] (index tensors broadcast together) as one index into
+    one dim: the indexed dims (moved to the front first when not adjacent, where torch puts their
+    result) merged, and the indices combined into a linear index (each wrapped: negative counts from
+    the end). Returns (merged x, its indexed axis, the flat index, the index's broadcast shape, the
+    permutation applied to x or None)."""
     present = [i for i, v in enumerate(indices) if v is not None]
     t = imp.types[x]
-    if any(imp.types[indices[i]].dtype == DType.BOOL for i in present if isinstance(indices[i], str)):
-        raise Unsupported(f"node `{node.name}`: boolean-mask indexing (data-dependent shape)")
+    if any(isinstance(indices[i], str) and imp.types[indices[i]].dtype == DType.BOOL for i in present):
+        raise Unsupported(f"node `{node.name}` ({node.target}): boolean-mask indexing (data-dependent shape)")
+    perm = None
     if present != list(range(present[0], present[-1] + 1)):
-        rest = [d for d in range(t.rank) if d not in present]
-        x = imp.emit("transpose", [x], "front", perm=(*present, *rest))
+        perm = (*present, *(d for d in range(t.rank) if d not in present))
+        x = imp.emit("transpose", [x], "front", perm=perm)
         indices = [indices[i] for i in present]
         present = list(range(len(present)))
         t = imp.types[x]
     first, k = present[0], len(present)
     sizes = [int(d) for d in t.shape[first : first + k]]
     idx = [imp.operand(indices[i], DType.I64) for i in present]
-    shape = tuple(np.broadcast_shapes(*(tuple(imp.types[v].shape) for v in idx)))
+    shape = tuple(int(d) for d in np.broadcast_shapes(*(tuple(imp.types[v].shape) for v in idx)))
     linear = None
-    for v, size, stride in zip(idx, sizes, np.cumprod([1, *sizes[::-1]])[-2::-1], strict=True):
-        v = imp.emit(
-            "remainder", [v, imp.materialize(size, DType.I64, "size")], "wrap"
-        )  # negative: from the end
+    strides = np.cumprod([1, *sizes[::-1]])[-2::-1]
+    for v, size, stride in zip(idx, sizes, strides, strict=True):
+        v = imp.emit("remainder", [v, imp.materialize(size, DType.I64, "size")], "wrap")
         if stride != 1:
             v = imp.emit("mul", [v, imp.materialize(int(stride), DType.I64, "stride")], "stride")
         linear = v if linear is None else imp.emit("add", [linear, v], "linear")
-    linear = _expand(imp, node, [linear], {}, shape) if tuple(imp.types[linear].shape) != shape else linear
+    if tuple(imp.types[linear].shape) != shape:
+        linear = _expand(imp, node, [linear], {}, shape)
     flat = imp.reshape(linear, (int(np.prod(shape)),))
     merged = imp.reshape(x, (*t.shape[:first], int(np.prod(sizes)), *t.shape[first + k :]))
-    y = imp.emit("index_select", [merged, flat], axis=first)
+    return merged, first, flat, shape, perm
+
+
+def _index_put(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    x, indices, values = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    dtype = imp.out_type().dtype
+    x = imp.operand(x, dtype)
+    t = imp.types[x]
+    present = [v for v in indices if v is not None]
+    mask = present[0] if len(present) == 1 and isinstance(present[0], str) else None
+    if mask is not None and imp.types[mask].dtype == DType.BOOL:
+        # x[mask] = v with a scalar v: where(mask, v, x), the mask over x's leading dims
+        if accumulate or int(np.prod(imp.types[values].shape if isinstance(values, str) else ())) != 1:
+            raise Unsupported(f"node `{node.name}`: a boolean-mask index_put of a non-scalar value or with "
+                              "accumulate (data-dependent shape)")  # fmt: skip
+        m = imp.reshape(mask, (*imp.types[mask].shape, *(1,) * (t.rank - imp.types[mask].rank)))
+        v = imp.reshape(imp.operand(values, dtype), ())
+        return imp.emit("where", [m, v, x])
+    if not accumulate:
+        raise Unsupported(
+            f"node `{node.name}`: index_put without accumulate (x[index] = v with an index tensor: which "
+            "duplicate wins is undefined) is outside the op set; index_add or scatter_add imports"
+        )
+    merged, axis, flat, shape, perm = _merged_index(imp, node, x, indices)
+    mt = imp.types[merged]
+    want = (*mt.shape[:axis], *shape, *mt.shape[axis + 1 :])
+    src = imp.operand(values, dtype)
+    if tuple(imp.types[src].shape) != want:
+        src = imp.reshape(src, (1,) * (len(want) - imp.types[src].rank) + tuple(imp.types[src].shape))
+        src = imp.emit("expand", [src], "expand", shape=want)
+    src = imp.reshape(src, (*mt.shape[:axis], int(np.prod(shape)), *mt.shape[axis + 1 :]))
+    y = imp.emit("index_add", [merged, flat, src], "put", axis=axis)
+    if perm is None:
+        return imp.reshape(y, t.shape)
+    y = imp.reshape(y, tuple(int(t.shape[d]) for d in perm))
+    return imp.emit("transpose", [y], perm=tuple(int(i) for i in np.argsort(perm)))
+
+
+def _index_many(imp: Importer, node: Any, x: str, indices: Sequence[Any]) -> str:
+    merged, axis, flat, _, _ = _merged_index(imp, node, x, indices)
+    y = imp.emit("index_select", [merged, flat], axis=axis)
     return imp.reshape(y, imp.out_type().shape)
 
 
@@ -1125,8 +1150,17 @@ def _unfold(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
 def _constant_pad(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     x, pad = args[0], list(args[1])
     value = args[2] if len(args) > 2 else 0
-    if any(p < 0 for p in pad):
-        raise Unsupported(f"node `{node.name}`: negative padding (cropping)")
+    if any(p < 0 for p in pad):  # a negative amount crops: slice those first, then pad the rest
+        rank = imp.types[x].rank
+        for i in range(len(pad) // 2):
+            axis, left, right = rank - 1 - i, int(pad[2 * i]), int(pad[2 * i + 1])
+            size = int(imp.types[x].shape[axis])
+            lo, hi = max(-left, 0), size - max(-right, 0)
+            if lo or hi != size:
+                x = imp.emit("slice", [x], "crop", axis=axis, start=lo, end=hi)
+        pad = [max(int(p), 0) for p in pad]
+        if not any(pad):
+            return x
     out = imp.out_type()
     y = imp.materialize(torch.full(out.shape, value, dtype=IR_TO_TORCH[out.dtype]), out.dtype, "pad")
     t = imp.types[x]
@@ -1219,6 +1253,18 @@ def _fmod(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     a, b = imp.operand(args[0], dtype), imp.operand(args[1], dtype)
     q = imp.emit("trunc", [imp.emit("div", [a, b], "div")], "trunc")
     return imp.emit("sub", [a, imp.emit("mul", [q, b], "mul")])
+
+
+def _round_decimals(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    # torch: round(x * 10**d) / 10**d, half to even
+    decimals = int(kwargs.get("decimals", args[1] if len(args) > 1 else 0))
+    dtype = imp.out_type().dtype
+    x = imp.operand(args[0], dtype)
+    if decimals == 0:
+        return imp.emit("round", [x])
+    scale = imp.materialize(10.0**decimals, dtype, "scale")
+    y = imp.emit("round", [imp.emit("mul", [x, scale], "scale")], "round")
+    return imp.emit("div", [y, scale])
 
 
 def _hardtanh(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
@@ -1407,7 +1453,7 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten._fft_r2c.default": _fft("fft_r2c"), "aten._fft_c2r.default": _fft("fft_c2r"),
     "aten._fft_c2c.default": _fft("fft_c2c"),
     "aten.leaky_relu.default": _leaky_relu, "aten.elu.default": _elu, "aten.hardtanh.default": _hardtanh,
-    "aten.exp2.default": _exp2, "aten.log2.default": _log2, "aten.isinf.default": _isinf,
+    "aten.exp2.default": _exp2, "aten.round.decimals": _round_decimals, "aten.log2.default": _log2, "aten.isinf.default": _isinf,
     "aten.bitwise_not.default": _bitwise_not, "aten.fmod.Scalar": _fmod, "aten.fmod.Tensor": _fmod,
     "aten.flip.default": _flip, "aten.split_with_sizes.default": _split_with_sizes,
     "aten.linalg_vector_norm.default": _vector_norm,
