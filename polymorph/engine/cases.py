@@ -48,6 +48,10 @@ BOOL_PATTERNS = dict(zip(DISTRIBUTIONS, ("random", "all True", "all False"), str
 # per tensor), as activations with a DC component are. A variance as E[x^2] - E[x]^2, or any sum that
 # cancels in float32, is right about zero and wrong here.
 OFFSET = "normal about a common offset ±1e3"
+# And one past float16's range (65504): an eighth of the elements at ±1e6 (a kernel that clamps to a
+# narrower format's range, or computes in it, is right below it and wrong here).
+HUGE = "normal with outliers ±1e6"
+PROGRAM_REGIMES = (OFFSET, HUGE)
 # Bit-exact mode's extra float regimes (the `exact` gate's, compared with the stock kernel's bytes and
 # never with the reference): normal draws with a quarter of the elements special values, each of them
 # at least once. Tiny: signed zeros, float32 subnormals and the smallest normals, f16 subnormals,
@@ -96,6 +100,11 @@ def draw_float(rng: np.random.Generator, dist: str, shape: tuple[int, ...]) -> n
         return rng.uniform(-1e3, 1e3, shape)
     if dist == OFFSET:
         return rng.standard_normal(shape) + float(rng.choice([-1e3, 1e3]))
+    if dist == HUGE:
+        x = rng.standard_normal(shape)
+        n = max(1, x.size // 8)
+        x.flat[rng.choice(x.size, n, replace=False)] = rng.choice([-1e6, 1e6], n)
+        return x
     if dist in SPECIALS:
         x = rng.standard_normal(shape)
         values = np.array(_TINY if dist == SPECIALS[0] else _NONFINITE)

@@ -58,8 +58,8 @@ its cause:
                             kernel that is not bitwise deterministic here sets no bar, and fails it
 
 An imported program (torch.export: no tokens, no cache) is gated at its example inputs' shapes, the
-one shape it has: the group gates run on those (with one more regime, normal about a common offset:
-nothing else judges a program's group), and quality and kv_isolation, which teacher-force
+one shape it has: the group gates run on those (with two more regimes, normal about a common offset
+and with outliers past float16's range: nothing else judges a program's group), and quality and kv_isolation, which teacher-force
 tokens and read a cache, are "skipped" as not applicable. A program group whose inputs cannot be
 drawn (an integer input of no known meaning) fails the group gates: nothing else would judge it.
 
@@ -83,7 +83,7 @@ import numpy as np
 
 from polymorph.engine.cases import (
     DISTRIBUTIONS,
-    OFFSET,
+    PROGRAM_REGIMES,
     SPECIALS,
     GroupInfo,
     Undrawable,
@@ -375,11 +375,12 @@ class _Run:
 
     def _program_group_gates(self, common: dict[str, int]) -> list[Gate]:
         """A program's group at its one shape (its example inputs'): every distribution, normal draws about
-        a common offset (`cases.OFFSET`), and PROGRAM_DRAWS more fresh normal draws. Undrawable fails here: no model gate covers a program's group."""
+        a common offset and with outliers past float16's range (`cases.PROGRAM_REGIMES`), and
+        PROGRAM_DRAWS more fresh normal draws. Undrawable fails here: no model gate covers a program's group."""
         try:
             draws = [
                 (PROGRAM_SHAPE, dist, *draw(self.ginfo, self.rng, PROGRAM_SHAPE, dist, **common))
-                for dist in (*DISTRIBUTIONS, OFFSET, *[DISTRIBUTIONS[0]] * PROGRAM_DRAWS)
+                for dist in (*DISTRIBUTIONS, *PROGRAM_REGIMES, *[DISTRIBUTIONS[0]] * PROGRAM_DRAWS)
             ]
         except Undrawable as e:
             names = EXACT_GROUP_GATES if self.exact else GROUP_GATES
@@ -538,7 +539,7 @@ class _Run:
         captured = [c.shape for c in cases if c.dist == CAPTURED]
         also = f"; activations captured from a run of the model at {captured[0]}" if captured else ""
         if self.program:
-            return Gate(NUMERICS, "pass", f"{len(cases)} cases ({', '.join((*DISTRIBUTIONS, OFFSET))} and fresh "
+            return Gate(NUMERICS, "pass", f"{len(cases)} cases ({', '.join((*DISTRIBUTIONS, *PROGRAM_REGIMES))} and fresh "
                         f"normal draws at the program's shapes): worst error {worst:.3g}")  # fmt: skip
         longest = next(c for c in cases if c.dist == LONGEST)
         return Gate(

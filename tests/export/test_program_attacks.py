@@ -12,7 +12,8 @@ says its trick), every one of which passed the gates before the fix named with i
   case's distribution picks a uniform, sorted or hub pattern (cases.INDEX_PATTERNS);
 - a layer norm whose variance is E[x^2] - E[x]^2 in float32 (layernorm_naive_variance.py): right about
   zero, where every draw was centred; fix: a program's group gets a case about a common offset of 1e3
-  (cases.OFFSET);
+  (cases.OFFSET); and a kernel that clamps its inputs to float16's range (clamps_to_half_range.py): no
+  draw passed 1e4; fix: a case with outliers at ±1e6 too (cases.HUGE);
 - a masked sum with a wrong fast path for a mask with nothing masked (mask_fast_path.py): masks were
   drawn half True at random; fix: all True and all False too, by the case's distribution
   (cases.BOOL_PATTERNS);
@@ -113,11 +114,15 @@ def test_bit_exact_only_on_the_usual_draws_is_rejected(chains: Any, kernel: str,
     assert exact is not None and [g.name for g in exact.failed()] == [gate], _failed(exact)
 
 
-def test_a_mask_fast_path_is_rejected(chains: Any) -> None:
-    group = _group(chains, "reduction:where+reduce_sum")
+@pytest.mark.parametrize(
+    ("pattern", "kernel"),
+    [("reduction:where+reduce_sum", "mask_fast_path.py"), ("elementwise:neg+mul", "clamps_to_half_range.py")],
+)
+def test_fused_kernels_wrong_off_the_usual_draws_are_rejected(chains: Any, pattern: str, kernel: str) -> None:
+    group = _group(chains, pattern)
     _, stock = chains.try_candidate(group, FUSED, {})
     assert stock is not None and stock.ok, _failed(stock)
-    _, report = chains.try_candidate(group, str(HERE / "mask_fast_path.py"), {})
+    _, report = chains.try_candidate(group, str(HERE / kernel), {})
     assert report is not None and [g.name for g in report.failed()] == [NUMERICS], _failed(report)
 
 
