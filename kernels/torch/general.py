@@ -194,6 +194,11 @@ def compute(op, xs, attrs, out, config=None):
     if op == "scatter_add":
         x, idx, src = _num(xs[0]), _wrap(xs[1], xs[0].shape[attrs["axis"]]), _num(xs[2])
         return torch.scatter_add(x, attrs["axis"], idx, src)
+    if op in ("scatter_max", "scatter_min"):
+        x, idx, src = _num(xs[0]), _wrap(xs[1], xs[0].shape[attrs["axis"]]), _num(xs[2])
+        src = src[tuple(slice(0, s) for s in idx.shape)]
+        reduce = "amax" if op == "scatter_max" else "amin"
+        return torch.scatter_reduce(x, attrs["axis"], idx, src, reduce, include_self=True)
     if op == "index_add":
         x, idx, src = _num(xs[0]), _wrap(xs[1], xs[0].shape[attrs["axis"]]), _num(xs[2])
         return torch.index_add(x, attrs["axis"], idx, src)

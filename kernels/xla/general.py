@@ -222,6 +222,12 @@ def compute(op, xs, attrs):
         axis = attrs["axis"] % x.ndim
         src = src[tuple(slice(0, s) for s in idx.shape)]
         return x.at[_scatter_coords(_wrap(idx, x.shape[axis]), axis)].add(src)
+    if op in ("scatter_max", "scatter_min"):
+        x, idx, src = _num(xs[0]), xs[1], _num(xs[2])
+        axis = attrs["axis"] % x.ndim
+        src = src[tuple(slice(0, s) for s in idx.shape)]
+        at = x.at[_scatter_coords(_wrap(idx, x.shape[axis]), axis)]
+        return at.max(src) if op == "scatter_max" else at.min(src)
     if op == "index_add":
         x, idx, src = _num(xs[0]), xs[1], _num(xs[2])
         axis = attrs["axis"] % x.ndim

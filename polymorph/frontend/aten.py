@@ -868,6 +868,52 @@ def _scatter_add(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
                     axis=int(dim))  # fmt: skip
 
 
+def _scatter_reduce(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    """scatter_reduce: sum and mean through scatter_add (and a count of each position's sources),
+    amax and amin through scatter_max and scatter_min; include_self=False keeps x where no source
+    lands and leaves it out of the reduction elsewhere."""
+    x, dim, idx, src, reduce = args[:5]
+    include_self = bool(kwargs.get("include_self", args[5] if len(args) > 5 else True))
+    dtype = imp.out_type().dtype
+    x, idx, src = imp.operand(x, dtype), imp.operand(idx, DType.I64), imp.operand(src, dtype)
+    t = imp.types[x]
+    axis = int(dim) % t.rank
+    if reduce not in ("sum", "mean", "amax", "amin"):
+        raise Unsupported(f"node `{node.name}`: scatter_reduce `{reduce}` (sum, mean, amax and amin import)")
+    if reduce == "mean" and not dtype.is_float:
+        raise Unsupported(f"node `{node.name}`: scatter_reduce mean on integers (floor division)")
+
+    def full(value: float, shape: Sequence[int]) -> str:
+        one = imp.reshape(imp.materialize(value, dtype, "fill"), (1,) * len(shape))
+        return imp.emit("expand", [one], "fill", shape=tuple(int(d) for d in shape))
+
+    shape = tuple(int(d) for d in t.shape)
+    count = None
+    if reduce == "mean" or not include_self:
+        ones = full(1.0, imp.types[idx].shape)
+        count = imp.emit("scatter_add", [full(0.0, shape), idx, ones], "count", axis=axis)
+    if reduce in ("sum", "mean"):
+        y = imp.emit("scatter_add", [x if include_self else full(0.0, shape), idx, src], "sum", axis=axis)
+        if reduce == "mean":
+            n = imp.emit("add", [count, imp.materialize(1.0, dtype, "self")], "n") if include_self else (
+                imp.emit("maximum", [count, imp.materialize(1.0, dtype, "one")], "n"))  # fmt: skip
+            y = imp.emit("div", [y, n], "mean")
+    else:
+        op = "scatter_max" if reduce == "amax" else "scatter_min"
+        if include_self:
+            base = x
+        else:
+            info = torch.finfo if dtype.is_float else torch.iinfo
+            lowest, highest = (-float("inf"), float("inf")) if dtype.is_float else (
+                info(IR_TO_TORCH[dtype]).min, info(IR_TO_TORCH[dtype]).max)  # fmt: skip
+            base = full(lowest if reduce == "amax" else highest, shape)
+        y = imp.emit(op, [base, idx, src], "reduce", axis=axis)
+    if include_self:
+        return y
+    landed = imp.emit("gt", [count, imp.materialize(0.0, dtype, "zero")], "landed")
+    return imp.emit("where", [landed, y, x])
+
+
 def _index_add(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     x, dim, idx, src = args[:4]
     alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
@@ -1439,6 +1485,7 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten._native_batch_norm_legit_no_training.default": _batch_norm,
     "aten.embedding.default": _embedding, "aten.index_select.default": _index_select,
     "aten.gather.default": _gather, "aten.scatter_add.default": _scatter_add,
+    "aten.scatter_reduce.two": _scatter_reduce,
     "aten.index_add.default": _index_add, "aten.index_put.default": _index_put, "aten.index.Tensor": _index,
     "aten.cat.default": _cat, "aten.slice.Tensor": _slice, "aten.select.int": _select,
     **{f"aten.{op}": _view for op in ("view.default", "_unsafe_view.default", "reshape.default", "unsqueeze.default",

@@ -23,7 +23,8 @@ The set, by group (each op's numpy definition is in general_reference.py):
   resize       resize: nearest or linear (bi-, trilinear) to `size`, align_corners
   norm         layer_norm (over the last `dims` dims, weight and bias optional), group_norm,
                batch_norm (inference: running statistics)
-  indexing     index_select gather scatter_add index_add (torch's semantics, along `axis`)
+  indexing     index_select gather scatter_add scatter_max scatter_min index_add (torch's semantics,
+               along `axis`; scatter_max/min reduce with x's own values: include_self)
   layout       expand, strided_slice (step > 1), slice_scatter
   spectral     fft_r2c fft_c2r fft_c2c over `axes`, norm none|sqrt|n (torch's 0|1|2), complex64 values;
                view_as_real (c64 [*] -> f32 [*, 2]: real, imaginary) and view_as_complex (its inverse)
@@ -599,6 +600,19 @@ def _general_ops() -> list[OpDef]:
     )
     ops.append(OpDef("index_select", "indexing", (2, 2), _infer_index_select, _cost_gather, dict(_AXIS)))
     ops.append(OpDef("gather", "indexing", (2, 2), _infer_gather, _cost_gather, dict(_AXIS)))
+    for name, fn in (("scatter_max", "amax"), ("scatter_min", "amin")):
+        ops.append(
+            OpDef(
+                name,
+                "indexing",
+                (3, 3),
+                _infer_scatter_add,
+                _cost_scatter,
+                dict(_AXIS),
+                doc=f"x, index, src -> x with src[i] reduced into index[i] along axis by {fn[1:]} "
+                f"(torch.scatter_reduce, '{fn}', include_self)",
+            )
+        )
     ops.append(
         OpDef(
             "scatter_add",

@@ -345,6 +345,20 @@ def _scatter_add(ins: list[Array], a: Mapping) -> list[Array]:
     return [x]
 
 
+def _scatter_reduce(ufunc: Any) -> RefFn:
+    def ref(ins: list[Array], a: Mapping) -> list[Array]:
+        x, idx, src = _num(ins[0]).copy(), ins[1], _num(ins[2])
+        axis = a["axis"] % x.ndim
+        idx = _check_index(idx, x.shape[axis], "scatter_max/min")
+        grids = list(np.indices(idx.shape, sparse=True))
+        grids[axis] = idx
+        src = src[tuple(slice(0, s) for s in idx.shape)]
+        ufunc.at(x, tuple(np.broadcast_arrays(*grids)), src)
+        return [x]
+
+    return ref
+
+
 def _index_add(ins: list[Array], a: Mapping) -> list[Array]:
     x, idx, src = _num(ins[0]).copy(), ins[1], _num(ins[2])
     axis = a["axis"] % x.ndim
@@ -436,7 +450,8 @@ def _general_reference() -> dict[str, RefFn]:
         "log_softmax": _log_softmax, "cmatmul": _cmatmul, "conv": _conv, "max_pool": _max_pool,
         "avg_pool": _avg_pool, "resize": _resize, "layer_norm": _layer_norm, "group_norm": _group_norm,
         "batch_norm": _batch_norm, "index_select": _index_select, "gather": _gather,
-        "scatter_add": _scatter_add, "index_add": _index_add, "expand": _expand,
+        "scatter_add": _scatter_add, "scatter_max": _scatter_reduce(np.maximum),
+        "scatter_min": _scatter_reduce(np.minimum), "index_add": _index_add, "expand": _expand,
         "strided_slice": _strided_slice, "slice_scatter": _slice_scatter, "fft_r2c": _fft_r2c,
         "fft_c2r": _fft_c2r, "fft_c2c": _fft_c2c,
         "view_as_real": _view_as_real, "view_as_complex": _view_as_complex,

@@ -23,6 +23,8 @@ INDEX_USES: dict[str, tuple[int, int, str | None]] = {
     "index_select": (1, 0, "axis"),
     "gather": (1, 0, "axis"),
     "scatter_add": (1, 0, "axis"),
+    "scatter_max": (1, 0, "axis"),
+    "scatter_min": (1, 0, "axis"),
     "index_add": (1, 0, "axis"),
     "embedding": (1, 0, None),
 }

@@ -146,6 +146,8 @@ def entries(ns: Mapping[str, Any]) -> list[Any]:
     add("gather", "gather", {"x": x(4, 6), "i": x(4, 3, dtype=I64)}, ints={"i": _index(0, 6)}, axis=1)
     add("scatter_add", "scatter_add", {"x": x(5, 3), "i": x(8, 3, dtype=I64), "s": x(8, 3)},
         ints={"i": _index(0, 5)}, axis=0)  # fmt: skip
+    for op in ("scatter_max", "scatter_min"):
+        add(op, op, {"x": x(5, 3), "i": x(8, 3, dtype=I64), "s": x(8, 3)}, ints={"i": _index(0, 5)}, axis=0)
     add("index_add", "index_add", {"x": x(5, 3), "i": x(8, dtype=I64), "s": x(8, 3)}, ints={"i": _index(0, 5)},
         axis=0)  # fmt: skip
     add("expand", "expand", {"x": x(3, 1)}, shape=(2, 3, 4))

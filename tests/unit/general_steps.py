@@ -224,6 +224,15 @@ def step_scatter_add(r: Any) -> None:
     r.op("scatter_add", x, _index(r, xt.shape[axis], xt.shape), r.input(xt.dtype, xt.shape), axis=axis)
 
 
+def _scatter(op: str) -> Callable[[Any], None]:
+    def step(r: Any) -> None:
+        x, xt = r.any_float(min_rank=1)
+        axis = _ints(r, 0, xt.rank - 1)
+        r.op(op, x, _index(r, xt.shape[axis], xt.shape), r.input(xt.dtype, xt.shape), axis=axis)
+
+    return step
+
+
 def step_index_add(r: Any) -> None:
     x, xt = r.any_float(min_rank=1)
     axis = _ints(r, 0, xt.rank - 1)
@@ -296,6 +305,7 @@ GENERAL_STEPS: dict[str, Callable[[Any], None]] = {
     "max_pool": _pool("max_pool"), "avg_pool": _pool("avg_pool"), "resize": step_resize,
     "layer_norm": step_layer_norm, "group_norm": step_group_norm, "batch_norm": step_batch_norm,
     "index_select": step_index_select, "gather": step_gather, "scatter_add": step_scatter_add,
+    "scatter_max": _scatter("scatter_max"), "scatter_min": _scatter("scatter_min"),
     "index_add": step_index_add, "expand": step_expand, "strided_slice": step_strided_slice,
     "slice_scatter": step_slice_scatter, **{op: _fft(op) for op in ("fft_r2c", "fft_c2r", "fft_c2c")},
     "view_as_real": step_view_as_real, "view_as_complex": step_view_as_complex,
