@@ -401,6 +401,29 @@ class ComplexWeights(nn.Module):
         return y + c.real, (-h).abs()
 
 
+class GraphAttention(nn.Module):
+    """A GAT layer: per-edge scores, a softmax over each node's incoming edges stabilised by a
+    scatter_reduce amax (include_self=False), aggregation by index_add, and a scatter mean readout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+        self.att = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [N, 6]; edges: [2, E] (source, destination) in [0, N)
+        src, dst = edges[0], edges[1]
+        h = self.lin(x)
+        e = F.leaky_relu(torch.cat([h[src], h[dst]], -1) @ self.att, 0.2)  # [E]
+        top = torch.zeros(x.shape[0]).scatter_reduce(0, dst, e, reduce="amax", include_self=False)
+        w = torch.exp(e - top[dst])
+        den = torch.zeros(x.shape[0]).index_add(0, dst, w).clamp(min=1e-6)
+        out = torch.zeros_like(h).index_add(0, dst, h[src] * (w / den[dst])[:, None])
+        mean = torch.zeros_like(h).scatter_reduce(0, dst[:, None].expand(-1, 8), h[src], reduce="mean")
+        low = h.scatter_reduce(0, src[:, None].expand(-1, 8), out[dst], reduce="amin", include_self=True)
+        return F.elu(out) + mean, low
+
+
 class Pools(nn.Module):
     """Pooling edge cases: avg pool with count_include_pad off and ceil_mode, divisor_override, max
     pool 1-d with padding and dilation, adaptive avg pools whose output does not divide the input,
@@ -584,6 +607,10 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "mixed": lambda: (Mixed(), (torch.randn(2, 4, 5), torch.randn(2, 4, 5))),
     "edges": lambda: (Edges(), (torch.randn(1, 2, 4, 5),)),
     "decoder": lambda: (Decoder(), (torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.tensor([3, 5]))),
+    "gat": lambda: (
+        GraphAttention(),
+        (torch.randn(6, 6), torch.tensor([[0, 1, 2, 3, 4, 0, 2, 5], [1, 2, 3, 4, 0, 3, 1, 1]])),
+    ),
     "linear": lambda: (SmallLinear(), (torch.randn(2, 3, 6), torch.randn(6, 6))),
 }
 
@@ -594,6 +621,7 @@ INT_RANGES: dict[tuple[str, int], tuple[int, int]] = {
     ("indexing", 1): (0, 5),
     ("masked", 1): (1, 7),
     ("attention", 1): (0, 2),
+    ("gat", 1): (0, 6),
     ("decoder", 2): (1, 6),
     ("integers", 0): (0, 12),
     ("integers", 1): (-5, 5),
