@@ -341,15 +341,29 @@ def release_slid_out(
 def vary(
     inputs: list[np.ndarray | None], group: GroupInfo, rng: np.random.Generator
 ) -> list[np.ndarray | None]:
-    """Other content of the same kind for a timed call: every float activation drawn afresh (normal),
-    integer inputs (token ids, positions, block tables) and caches as they are (a cache's content
-    does not change the work; a fresh copy is made per call)."""
+    """Other content of the same kind for a timed call: every float activation drawn afresh (normal);
+    token ids, a bool input and any integer input drawn from its legal range (`int_ranges`: a GNN's
+    edge indices) drawn afresh too, so that a group whose output follows from them alone (an
+    embedding, an index_add of constant rows) cannot be answered from a cache while it is timed;
+    positions, block tables, routing and selections (which must agree with the cache and with one
+    another) and caches as they are (a cache's content does not change the work; a fresh copy is made
+    per call)."""
+    structured = {"positions", "block_table", *_expert_inputs(group), *_selection_inputs(group)}
+    legal = _legal(group)
     out: list[np.ndarray | None] = []
     for v, a in zip(group.inputs, inputs, strict=True):
-        if a is None or group.is_state(v) or not group.types[v].dtype.is_float:
+        t = group.types[v].dtype
+        if a is None or group.is_state(v) or (not t.is_float and (v in structured or not a.size)):
             out.append(None if a is None else a.copy())
-        else:
+        elif t.is_float:
             out.append(rng.standard_normal(a.shape).astype(a.dtype))
+        elif t == DType.BOOL:
+            out.append(rng.random(a.shape) < 0.5)
+        elif v == "tokens" or v in legal:
+            lo, hi = legal[v] if v in legal else (int(a.min()), int(a.max()) + 1)
+            out.append(_draw_in(rng, a.shape, lo, hi).astype(a.dtype))
+        else:
+            out.append(a.copy())
     return out
 
 

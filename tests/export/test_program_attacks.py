@@ -38,7 +38,17 @@ import numpy as np
 import pytest
 import torch
 
-from polymorph.engine.cases import HUB_SHARE, SPECIALS, _draw_bool, _draw_in, draw_float, error
+from polymorph.engine.cases import (
+    HUB_SHARE,
+    SPECIALS,
+    GroupInfo,
+    _draw_bool,
+    _draw_in,
+    draw,
+    draw_float,
+    error,
+    vary,
+)
 from polymorph.engine.controller import Controller
 from polymorph.engine.gates import CHECKED, EXACT, NUMERICS, OUTPUT_PREFILL
 
@@ -172,3 +182,17 @@ def test_index_patterns_and_special_values() -> None:
     assert _draw_bool(rng, (3, 5), "all True").all() and not _draw_bool(rng, (3, 5), "all False").any()
     wild = draw_float(rng, SPECIALS[1], (4, 16))
     assert np.isnan(wild).any() and np.isposinf(wild).any() and np.isneginf(wild).any()
+
+
+def test_timed_calls_draw_integer_inputs_afresh(gnn: Any) -> None:
+    """A group whose output follows from its integer inputs alone (the degree count: an index_add of
+    constant rows by the edge targets) cannot be answered from a cache keyed by them while timed:
+    each timed call's indices are drawn afresh, within their legal range."""
+    info = gnn.plan_group(_group(gnn, "index_add"))
+    group = GroupInfo.of(info, gnn.graph, gnn.graph.types())
+    rng = np.random.default_rng()
+    base, _ = draw(group, rng, (1, 1), "normal", block_size=16, bucket_ctx=32, vocab=2)
+    (at,) = [i for i, a in enumerate(base) if a is not None and a.dtype.kind == "i"]
+    calls = [vary(base, group, rng)[at] for _ in range(4)]
+    assert all(c.min() >= 0 and c.max() < 12 for c in calls)
+    assert len({c.tobytes() for c in calls}) == 4
