@@ -460,6 +460,42 @@ def _complex_binary(imp: Importer, node: Any, op: str, a: Any, b: Any) -> str:
     raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: only add, sub, mul and div are")
 
 
+def _conj(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    if not (isinstance(args[0], str) and imp.types[args[0]].dtype == DType.C64):
+        return args[0]  # the conjugate of a real tensor is itself
+    re, im = _parts(imp, args[0])
+    return _complex(imp, re, imp.emit("neg", [im], "conj"))
+
+
+def _complex_ctor(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    return _complex(imp, imp.operand(args[0], DType.F32), imp.operand(args[1], DType.F32))
+
+
+def _polar(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    r, theta = imp.operand(args[0], DType.F32), imp.operand(args[1], DType.F32)
+    re = imp.emit("mul", [r, imp.emit("cos", [theta], "cos")], "re")
+    return _complex(imp, re, imp.emit("mul", [r, imp.emit("sin", [theta], "sin")], "im"))
+
+
+def _hypot(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    dtype = imp.out_type().dtype
+    a, b = imp.operand(args[0], dtype), imp.operand(args[1], dtype)
+    sq = imp.emit("add", [imp.emit("mul", [a, a], "aa"), imp.emit("mul", [b, b], "bb")], "sq")
+    return imp.emit("sqrt", [sq])
+
+
+def _cdist(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
+    """cdist(x1[*, P, M], x2[*, R, M], p) = ||x1[i] - x2[j]||_p, from the broadcast differences."""
+    x1, x2, p = args[0], args[1], float(args[2])
+    dtype = imp.out_type().dtype
+    x1, x2 = imp.operand(x1, dtype), imp.operand(x2, dtype)
+    t1, t2 = imp.types[x1], imp.types[x2]
+    a = imp.reshape(x1, (*t1.shape[:-1], 1, t1.shape[-1]))  # [*, P, 1, M]
+    b = imp.reshape(x2, (*t2.shape[:-2], 1, *t2.shape[-2:]))  # [*, 1, R, M]
+    diff = imp.emit("sub", [a, b], "diff")
+    return _vector_norm(imp, node, [diff, p, [-1], False], {})
+
+
 def _binary(op: str, alpha: bool = False, reverse: bool = False) -> Callable:
     def convert(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
         a, b = args[0], args[1]
@@ -1505,5 +1541,8 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.flip.default": _flip, "aten.split_with_sizes.default": _split_with_sizes,
     "aten.linalg_vector_norm.default": _vector_norm,
     "aten._native_batch_norm_legit.no_stats": _batch_norm_batch_stats,
+    "aten._conj.default": _conj, "aten.conj_physical.default": _conj, "aten._conj_physical.default": _conj,
+    "aten.complex.default": _complex_ctor, "aten.polar.default": _polar, "aten.hypot.default": _hypot,
+    "aten._cdist_forward.default": _cdist,
     "aten.view_as_real.default": _unary_op("view_as_real"), "aten.view_as_complex.default": _unary_op("view_as_complex"),
 }  # fmt: skip
