@@ -53,14 +53,14 @@ its cause:
   exact                     bit-exact mode only (`--exact`): on every case of the group gates (fresh
                             inputs), on a case of each special float regime (signed zeros and
                             subnormals; infinities and NaN: `cases.SPECIALS`) and on a repeated run,
-                            the candidate's outputs equal the stock
-                            kernel's byte for byte (-0.0 is not 0.0, NaN payloads count); a stock
-                            kernel that is not bitwise deterministic here sets no bar, and fails it
+                            the candidate's outputs equal the stock kernel's byte for byte (-0.0
+                            is not 0.0, NaN payloads count); a stock kernel that is not bitwise
+                            deterministic here sets no bar, and fails it
 
 An imported program (torch.export: no tokens, no cache) is gated at its example inputs' shapes, the
 one shape it has: the group gates run on those (with two more regimes, normal about a common offset
-and with outliers past float16's range: nothing else judges a program's group), and quality and kv_isolation, which teacher-force
-tokens and read a cache, are "skipped" as not applicable. A program group whose inputs cannot be
+and with outliers past float16's range: nothing else judges a program's group), and quality and
+kv_isolation, which teacher-force tokens and read a cache, are "skipped" as not applicable. A program group whose inputs cannot be
 drawn (an integer input of no known meaning) fails the group gates: nothing else would judge it.
 
 The timing gates run only when every gate before them passed; their measurement is the one that
