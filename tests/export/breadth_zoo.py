@@ -312,12 +312,12 @@ class Norms(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """A GRU and an LSTM (batch first, two layers), as torch.export decomposes them."""
+    """A two-layer GRU and a bidirectional LSTM (batch first), as torch.export decomposes them."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gru = nn.GRU(4, 8, num_layers=2, batch_first=True)
-        self.lstm = nn.LSTM(8, 6, batch_first=True)
+        self.lstm = nn.LSTM(8, 6, batch_first=True, bidirectional=True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, _ = self.gru(x)
@@ -398,7 +398,8 @@ class ComplexWeights(nn.Module):
         h = (g * 2.0 - f / (f.abs() + 1.0)[..., None, :].squeeze(-2) + 1j) / (f + (2 + 1j))
         y = torch.fft.irfft(h, n=16, norm="ortho")
         c = torch.fft.ifft(torch.fft.fft(x, norm="forward"), norm="forward")
-        return y + c.real, (-h).abs()
+        p = torch.polar(x[..., :9].abs(), x[..., 7:]) * torch.complex(x[..., :9], x[..., 3:12]).conj()
+        return y + c.real, (-h).abs() + torch.view_as_real(p * f.conj()).sum(-1)
 
 
 class GraphAttention(nn.Module):
@@ -511,6 +512,8 @@ class Mixed(nn.Module):
         d = torch.diff(a, dim=1)
         tri = (
             torch.einsum("bnd,bmd->bnm", a, b).triu(1)
+            + torch.cdist(a, b)
+            + torch.hypot(a[..., :4], b[..., 1:])
             + torch.einsum("bii->bi", a[:, :, : a.shape[1]])[..., None]
         )
         return {
