@@ -570,6 +570,12 @@ def _clamp_side(side: str) -> Callable:
 
 def _where(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     dtype = imp.out_type().dtype
+    if dtype == DType.C64:  # each part chosen on its own
+        c = imp.operand(args[0], DType.BOOL)
+        (ar, ai), (br, bi) = _parts(imp, args[1]), _parts(imp, args[2])
+        zero = imp.materialize(0.0, DType.F32, "zero")
+        re = imp.emit("where", [c, ar, br], "re")
+        return _complex(imp, re, imp.emit("where", [c, ai or zero, bi or zero], "im"))
     return imp.emit(
         "where", [imp.operand(args[0], DType.BOOL), imp.operand(args[1], dtype), imp.operand(args[2], dtype)]
     )
@@ -593,6 +599,10 @@ def _reduce(op: str, dims_at: int | None = 1, keep_at: int | None = 2) -> Callab
         if op in ("reduce_sum", "reduce_prod", "reduce_mean", "reduce_max", "reduce_min"):
             x = imp.operand(x, out.dtype)
         axes = _dims(dims, rank)
+        if out.dtype == DType.C64 and op in ("reduce_sum", "reduce_mean") and rank:  # each part on its own
+            parts = [imp.emit(op, [p], op, axes=axes or tuple(range(rank)), keepdims=bool(keep))
+                     for p in _parts(imp, x)]  # fmt: skip
+            return _complex(imp, *parts)
         if rank == 0:
             return imp.emit("reshape", [x], "scalar", shape=())
         return imp.emit(op, [x], axes=axes or tuple(range(rank)), keepdims=bool(keep))

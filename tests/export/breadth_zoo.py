@@ -394,7 +394,8 @@ class ComplexWeights(nn.Module):
         w = torch.view_as_complex(self.w)  # [3, 3, 4]
         low = torch.einsum("bim,iom->bom", f[..., :4], w)
         g = torch.zeros_like(f)
-        g[..., :4] = low
+        low2 = (f[:, :, None, :4] * w[None]).sum(1)  # the same contraction as a complex product and sum
+        g[..., :4] = low + low2.mean(0) - torch.where(x[:, :1, :4] > 0, low, f[:, :1, :4])
         h = (g * 2.0 - f / (f.abs() + 1.0)[..., None, :].squeeze(-2) + 1j) / (f + (2 + 1j))
         y = torch.fft.irfft(h, n=16, norm="ortho")
         c = torch.fft.ifft(torch.fft.fft(x, norm="forward"), norm="forward")
