@@ -737,8 +737,11 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
             home = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fork-{uuid.uuid4().hex[:12]}")
             os.makedirs(os.path.join(home, "triton"))
             os.chdir(home)
+            # polymorph's own compile cache (the NEFF cache on neuron) too: the zygote's, which outlives
+            # every copy, is never written by one (it holds what the zygote built, read by none)
             os.environ.update(HOME=home, TMPDIR=home, TRITON_CACHE_DIR=os.path.join(home, "triton"),
-                              TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "inductor"))  # fmt: skip
+                              TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "inductor"),
+                              POLYMORPH_CACHE_DIR=os.path.join(home, "cache"))  # fmt: skip
             tempfile.tempdir = None  # gettempdir() cached the template's folder: this copy's from now on
             import torch
 

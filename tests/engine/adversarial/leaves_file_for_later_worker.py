@@ -26,8 +26,8 @@ def build(spec, config, target):
         folder = os.path.join(
             os.environ.get("POLYMORPH_CACHE_DIR", os.environ.get("TMPDIR", "/tmp")), "neuron"
         )
-    engine = os.environ.get("POLYMORPH_CACHE_DIR", "")  # one engine's folder: its own mark, not another's
-    mark = os.path.join(folder, f"{MARK}-{zlib.crc32(engine.encode()):08x}")
+    # one test's mark, not another's: the test names it (not the worker's own folders, which differ)
+    mark = os.path.join(folder, f"{MARK}-{zlib.crc32(str(config.get('token', '')).encode()):08x}")
     if os.path.exists(mark):
         raise RuntimeError(f"an earlier worker's file is here: {mark}")
     os.makedirs(folder, exist_ok=True)
