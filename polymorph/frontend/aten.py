@@ -849,12 +849,41 @@ def _upsample(mode: str, n: int) -> Callable:
         if scales:
             sizes_in = imp.types[x].shape[-n:]
             if any(abs(1.0 / s - i / o) > 1e-12 for s, i, o in zip(scales, sizes_in, size, strict=True)):
-                raise Unsupported(
-                    f"node `{node.name}`: a scale factor whose output size is not input * factor"
-                )
+                # torch maps output to input positions by the factor, not by the sizes' ratio: the
+                # resize op's coordinates would differ, so each axis is a matmul with the weights
+                # torch's own interpolation gives an identity matrix (nearest and linear are separable)
+                return _resize_by_weights(imp, x, mode, align, scales)
         return imp.emit("resize", [x], size=size, mode=mode, align_corners=align)
 
     return convert
+
+
+def _resize_by_weights(imp: Importer, x: str, mode: str, align: bool, scales: Sequence[float]) -> str:
+    t = imp.types[x]
+    n = len(scales)
+    dtype = imp.out_type().dtype
+    y = imp.operand(x, dtype)
+    for k, scale in enumerate(scales):
+        axis = t.rank - n + k
+        size = int(imp.types[y].shape[axis])
+        eye = torch.eye(size)[None]  # [1, in, in]: row i is input position i alone
+        with torch.no_grad():
+            if mode == "nearest":
+                w = torch.nn.functional.interpolate(eye, scale_factor=float(scale), mode="nearest")
+            else:
+                w = torch.nn.functional.interpolate(
+                    eye, scale_factor=float(scale), mode="linear", align_corners=align
+                )
+        weights = imp.materialize(w[0], dtype, "resize")  # [in, out]
+        last = t.rank - 1
+        if axis != last:
+            perm = list(range(t.rank))
+            perm[axis], perm[last] = last, axis
+            y = imp.emit("transpose", [y], "axis_last", perm=tuple(perm))
+        y = imp.emit("matmul", [y, weights], "resize")
+        if axis != last:
+            y = imp.emit("transpose", [y], "axis_back", perm=tuple(perm))
+    return y
 
 
 def _layer_norm(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
@@ -1296,6 +1325,16 @@ def _leaky_relu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     return imp.emit("where", [positive, x, scaled])
 
 
+def _rrelu(imp: Importer, node: Any, args: list, kwargs: dict) -> tuple:
+    # inference: a leaky relu of the mean slope; training draws random slopes
+    lower = float(kwargs.get("lower", args[2] if len(args) > 2 else 1 / 8))
+    upper = float(kwargs.get("upper", args[3] if len(args) > 3 else 1 / 3))
+    if bool(kwargs.get("training", args[4] if len(args) > 4 else False)):
+        raise Unsupported(f"node `{node.name}`: rrelu in training mode draws random slopes")
+    y = _leaky_relu(imp, node, [args[0], (lower + upper) / 2], {})
+    return (y, Absent("rrelu's noise"))
+
+
 def _elu(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
     # elu(x) = scale * (x if x > 0 else alpha * expm1(x * input_scale)); selu and celu decompose to it
     x = args[0]
@@ -1545,7 +1584,7 @@ CONVERT: dict[str, Callable[..., Any]] = {
     "aten.unfold.default": _unfold, "aten.constant_pad_nd.default": _constant_pad,
     "aten._fft_r2c.default": _fft("fft_r2c"), "aten._fft_c2r.default": _fft("fft_c2r"),
     "aten._fft_c2c.default": _fft("fft_c2c"),
-    "aten.leaky_relu.default": _leaky_relu, "aten.elu.default": _elu, "aten.hardtanh.default": _hardtanh,
+    "aten.leaky_relu.default": _leaky_relu, "aten.rrelu_with_noise_functional.default": _rrelu, "aten.elu.default": _elu, "aten.hardtanh.default": _hardtanh,
     "aten.exp2.default": _exp2, "aten.round.decimals": _round_decimals, "aten.log2.default": _log2, "aten.isinf.default": _isinf,
     "aten.bitwise_not.default": _bitwise_not, "aten.fmod.Scalar": _fmod, "aten.fmod.Tensor": _fmod,
     "aten.flip.default": _flip, "aten.split_with_sizes.default": _split_with_sizes,

@@ -185,6 +185,7 @@ class Activations(nn.Module):
             torch.reciprocal(h.abs() + 0.5),
             F.logsigmoid(h),
             F.softsign(h),
+            F.rrelu(h, 0.1, 0.3, training=False),
             F.tanhshrink(h),
             # steps (floor, remainder, ...) on the input itself: on a computed value a rounding
             # difference at a step would jump the output
@@ -440,7 +441,8 @@ class Pools(nn.Module):
         e = F.adaptive_avg_pool1d(s, 4)
         f = F.pad(x, (1, 2, 2, 1), mode="reflect") + F.pad(x, (1, 2, 2, 1), mode="replicate")
         g = F.pad(s, (2, 3), mode="circular")
-        h = F.interpolate(x, scale_factor=1.5, mode="nearest-exact")
+        h = F.interpolate(x, scale_factor=1.5, mode="nearest-exact")  # 7x9 -> 10x13: by the factor
+        h = h + F.interpolate(x, scale_factor=1.5, mode="bilinear") + F.interpolate(x, scale_factor=1.5)
         i = F.interpolate(s, size=17, mode="nearest") + F.interpolate(
             s, size=17, mode="linear", align_corners=True
         )
