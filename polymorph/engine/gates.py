@@ -93,7 +93,7 @@ from polymorph.engine.cases import (
 from polymorph.engine.cases import error as _error
 from polymorph.engine.timing import time_group
 from polymorph.engine.verdict import Fault
-from polymorph.engine.wire import CandidateRaised, WorkerLost
+from polymorph.engine.wire import VARIED, CandidateRaised, WorkerLost
 from polymorph.errors import UserError
 from polymorph.ir.dtypes import DType
 from polymorph.verify.numerics import ScenarioStep, StepCheck, judge, judge_beside
@@ -404,6 +404,7 @@ class _Run:
         self.current = OUTPUT_PREFILL
         fill = float(np.float32(self.rng.uniform(-1e3, 1e3)))  # drawn: no value a kernel could expect
         zero = self.call(first.inputs, first.bindings, fill=0.0).output(0)
+        varied = self.call(first.inputs, first.bindings, fill=VARIED).output(0)  # not one value throughout
         settled = self.call(first.inputs, first.bindings, fill=fill).output(0)
         late = [_changed(settled, self.engine.settle(SETTLE_S))]
         # Once more on other inputs: a late write the host's scheduler happened to hide shows here.
@@ -414,7 +415,7 @@ class _Run:
         again = self.call(first.inputs, first.bindings).output(0)
         stock_again = self.stock(first.inputs, first.bindings).output(0)
         deterministic = _same(first.stock, stock_again)
-        prefilled = [("0", zero), (f"{fill:g}", settled)]
+        prefilled = [("0", zero), ("varied numbers", varied), (f"{fill:g}", settled)]
         gates.append(_output_prefill(first.got, prefilled, deterministic, self._allowed(first)[0]))
         gates.append(_completion(late))
         gates.append(_determinism(first.got, again, deterministic))

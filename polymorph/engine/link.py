@@ -21,7 +21,7 @@ import numpy as np
 from polymorph.engine import protocol
 from polymorph.engine.arena import Arena, slots_digest
 from polymorph.engine.pool import WorkerPool
-from polymorph.engine.wire import EngineError, WorkerLost, WorkerProcess
+from polymorph.engine.wire import VARIED, EngineError, WorkerLost, WorkerProcess
 
 Candidates = dict[str, tuple[str, dict[str, Any] | None]]
 Spec = tuple[str, str, tuple[int, ...]]  # (slot name, numpy dtype string, shape)
@@ -71,6 +71,25 @@ def _fill(dtype: np.dtype, fill: Any) -> Any:
     if fill == "nan":
         return float("nan") if is_float else -(2**30)
     return float(fill) if is_float else int(fill)
+
+
+def _prefill(a: np.ndarray, fill: Any) -> None:
+    """Fill an output slot before a call: one value throughout (`_fill`), or with VARIED different
+    numbers drawn by this process at a scale drawn too (1e-3 to 1e3), as a serving step's buffers hold
+    the last step's varied numbers: a kernel cannot tell a judged call by its buffers being uniform."""
+    if fill != VARIED:
+        a[...] = _fill(a.dtype, fill)
+        return
+    rng = np.random.default_rng()
+    if a.dtype.kind in "fV":
+        a[...] = (rng.standard_normal(a.shape) * 10 ** rng.uniform(-3, 3)).astype(a.dtype)
+    elif a.dtype.kind == "b":
+        a[...] = rng.random(a.shape) < 0.5
+    elif a.dtype.kind == "c":
+        a[...] = rng.standard_normal(a.shape) + 1j * rng.standard_normal(a.shape)
+    else:
+        info = np.iinfo(a.dtype)
+        a[...] = rng.integers(max(info.min, -(2**20)), min(info.max, 2**20), a.shape, dtype=a.dtype)
 
 
 class LocalLink:
@@ -174,8 +193,7 @@ class LocalLink:
             for outs in layout.out_slots:
                 for name in outs:
                     if name is not None:
-                        a = arena.arrays[name]
-                        a[...] = _fill(a.dtype, fill)
+                        _prefill(arena.arrays[name], fill)
             t0 = time.perf_counter()
             for call, names in zip(calls, layout.in_slots, strict=True):
                 for a, name in zip(call, names, strict=True):

@@ -56,6 +56,11 @@ _ENV_KNOBS = (
 )
 
 
+# An output prefill of different numbers throughout, drawn anew by the controller each time
+# (engine/link.py's _prefill), beside the NaN poison and single values.
+VARIED = "varied"
+
+
 def worker_environ(scratch: Path) -> dict[str, str]:
     from polymorph.knobs import knobs
 

@@ -20,9 +20,9 @@ says its trick), every one of which passed the gates before the fix named with i
 - a kernel right only when its output buffer holds NaN, the poison of every call the gates judge
   (right_only_when_poisoned.py): the prefill gate compared its 0-filled and -7.5-filled runs only with
   each other; fix: both are compared with the poisoned run's answer, and the second fill is drawn;
-- not closed (a strict expected failure): a kernel right only when its output buffer holds one value
-  throughout (right_only_in_uniform_buffers.py), as every buffer the gates fill does (one scalar:
-  engine/link.py, outside these tests' remit); a program has no whole-model run to catch it;
+- a kernel right only when its output buffer holds one value throughout
+  (right_only_in_uniform_buffers.py), as every buffer the gates filled did (one scalar); fix: the
+  prefill gate also runs into buffers of varied numbers (engine/link.py's VARIED fill);
 - bit-exact mode: a candidate bit-exact for its first calls and off by an ulp or so after them
   (inexact_after_calls.py; fix: every timed call is held to the stock kernel's bytes), and ones
   bit-exact except on subnormals (flushes_subnormals.py) or signed zeros (signed_zero.py), values no
@@ -142,11 +142,6 @@ def test_a_kernel_right_only_in_poisoned_buffers_is_rejected(chains: Any) -> Non
     assert report is not None and [g.name for g in report.failed()] == [OUTPUT_PREFILL], _failed(report)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every buffer the gates hand a kernel holds one value throughout (link.py fills with a scalar): a "
-    "kernel can tell a judged call from a serving step by that",
-)
 def test_a_kernel_right_only_in_uniform_buffers_is_rejected(chains: Any) -> None:
     group = _group(chains, "elementwise:neg+mul")
     _, report = chains.try_candidate(group, str(HERE / "right_only_in_uniform_buffers.py"), {})
