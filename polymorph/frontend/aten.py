@@ -82,7 +82,9 @@ class Importer:
         self.float_dtype = dtype  # every f32 of the program becomes this dtype (--dtype); None keeps f32
         self.fx: Any = None  # the node being converted
         self._count = 0
-        self._consts: dict[int, str] = {}
+        # A constant tensor's param, keyed by the tensor's id; the tensor is kept too, so that its id is
+        # not reused by a later temporary (which would then be handed this one's param)
+        self._consts: dict[Any, tuple[torch.Tensor, str]] = {}
 
     def ir_dtype(self, dtype: torch.dtype, where: str) -> DType:
         d = ir_dtype(dtype, where)
@@ -305,13 +307,13 @@ class Importer:
             id(value) if isinstance(value, torch.Tensor) else hash((repr(value), repr(value.__class__))),
             str(t.dtype),
         )
-        if key in self._consts and isinstance(value, torch.Tensor):
-            return self._consts[key]
+        if key in self._consts and isinstance(value, torch.Tensor) and self._consts[key][0] is value:
+            return self._consts[key][1]
         self._count += 1
         name = f"const.{self.fx.name if self.fx is not None else hint}.{self._count}"
         self.param(name, t)
         if isinstance(value, torch.Tensor):
-            self._consts[key] = name
+            self._consts[key] = (value, name)
         return name
 
     def operand(self, value: Any, dtype: DType) -> str:

@@ -132,3 +132,14 @@ def test_outside_the_op_set_is_refused_by_name(fn: Any, needle: str) -> None:
     with pytest.raises(UserError, match=needle) as info:
         from_torch(_Lambda(fn), (torch.randn(3, 4),))
     assert len(str(info.value).splitlines()) == 1, str(info.value)
+
+
+def test_a_freed_constant_does_not_lend_its_param() -> None:
+    """A converter's temporary constant tensor (a flip's reversed positions, a default norm weight)
+    must become its own param even when CPython reuses a freed temporary's id for it."""
+    from polymorph.frontend.aten import Importer
+
+    imp = Importer(None, "consts")
+    names = [imp.materialize(torch.arange(n - 1, -1, -1), None, "rev") for n in (3, 2, 3, 2)]
+    for name, n in zip(names, (3, 2, 3, 2), strict=True):
+        np.testing.assert_array_equal(imp.weights[name], np.arange(n - 1, -1, -1))
