@@ -346,25 +346,6 @@ class Masked(nn.Module):
         return p + lp + eq, count
 
 
-class SmallLinear(nn.Module):
-    """Linear layers on 3-d inputs, matmul with broadcasting batch dims, addmm/baddbmm-free outer
-    products, a weight-shared tied head, and dropout (eval: identity)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(6, 10)
-        self.b = nn.Linear(10, 6, bias=False)
-        self.drop = nn.Dropout(0.3)
-
-    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # x: [B, S, 6]; w: [6, 6]
-        h = self.drop(F.gelu(self.a(x)))
-        y = self.b(h)  # [B, S, 6]
-        o = torch.matmul(y, w) + torch.matmul(w, y.transpose(1, 2)).transpose(1, 2)
-        outer = x[..., :, None] * x[..., None, :]  # [B, S, 6, 6]
-        return o + (outer @ w).sum(-1) + F.linear(y, self.a.weight.t()[:6, :6])
-
-
 class Deconv(nn.Module):
     """Transposed convolutions 1-3d: stride, padding, output_padding, dilation, groups, no bias."""
 
@@ -617,7 +598,6 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
         GraphAttention(),
         (torch.randn(6, 6), torch.tensor([[0, 1, 2, 3, 4, 0, 2, 5], [1, 2, 3, 4, 0, 3, 1, 1]])),
     ),
-    "linear": lambda: (SmallLinear(), (torch.randn(2, 3, 6), torch.randn(6, 6))),
 }
 
 # Integer inputs' legal ranges, per model and input position: [lo, hi) draws for fresh inputs.

@@ -90,9 +90,9 @@ def test_pt2_matches_eager(name: str, tmp_path: Path) -> None:
         _check(name, backend, run_on(model, inputs, backend), want)
 
 
-@pytest.mark.parametrize("name", ["complex", "integers"])
-def test_cli_run_matches_eager(name: str, tmp_path: Path) -> None:
-    """`polymorph run FILE.pt2 --inputs IN.npz --outputs OUT.npz`: complex, integer and dict outputs."""
+def test_cli_run_matches_eager(tmp_path: Path) -> None:
+    """`polymorph run FILE.pt2 --inputs IN.npz --outputs OUT.npz`: int64 and int32 inputs, an integer output."""
+    name = "integers"
     module, example, path, names = _saved(name, tmp_path)
     args = _fresh(name, example, np.random.default_rng())
     inputs = tmp_path / "in.npz"
