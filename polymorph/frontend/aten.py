@@ -264,8 +264,7 @@ class Importer:
         if op not in COMPLEX_OPS and any(self.types[v].dtype == DType.C64 for v in inputs):
             # the general ops' arithmetic is real: a complex operand would lose its imaginary part
             raise Unsupported(
-                f"node `{self.fx.name}` ({self.fx.target}) on complex values: `{op}` is real-valued; complex "
-                f"values are imported through {', '.join(sorted(COMPLEX_OPS))}, add, sub, mul, div, abs and neg"
+                f"node `{self.fx.name}` ({self.fx.target}) on complex values: {COMPLEX_SUPPORT}"
             )
         name = self.node_name(suffix)
         attrs = normalize_attrs(op_def(op), attrs)
@@ -380,7 +379,7 @@ def _unary(op: str) -> Callable:
                 return imp.emit("sqrt", [sq])
             if op == "neg":
                 return _complex(imp, imp.emit("neg", [re], "re"), imp.emit("neg", [im], "im"))
-            raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: only abs and neg are")
+            raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: {COMPLEX_SUPPORT}")
         return imp.emit(op, [imp.operand(args[0], imp.out_type().dtype)])
 
     return convert
@@ -459,7 +458,7 @@ def _complex_binary(imp: Importer, node: Any, op: str, a: Any, b: Any) -> str:
             re = imp.emit("add", [re, imp.emit("mul", [ai, bi], "ii")], "re")
             im = imp.emit("add", [im, imp.emit("mul", [ai, br], "ir")], "im")
         return _complex(imp, imp.emit("div", [re, denom], "re"), imp.emit("div", [im, denom], "im"))
-    raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: only add, sub, mul and div are")
+    raise Unsupported(f"node `{node.name}` ({node.target}) on complex values: {COMPLEX_SUPPORT}")
 
 
 def _conj(imp: Importer, node: Any, args: list, kwargs: dict) -> str:
@@ -1509,6 +1508,10 @@ def _fft(op: str) -> Callable:
     return convert
 
 
+COMPLEX_SUPPORT = (
+    "outside the op set (complex values import through add, sub, mul, div, abs, neg, conj, sum, mean, "
+    "where, matmul, FFT, view_as_real/complex, and layout ops)"
+)
 # The IR ops that take complex64 operands; complex arithmetic is imported as real arithmetic on the parts.
 COMPLEX_OPS = frozenset({"cmatmul", "fft_c2c", "fft_c2r", "view_as_real", "reshape", "transpose", "slice",
                          "strided_slice", "concat", "expand", "slice_scatter", "index_select"})  # fmt: skip
