@@ -23,9 +23,6 @@ def build(spec, config, target):
     eps = spec.attrs()["eps"]
     impl = config.get("impl", "composite")
 
-    def composite(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
     def launch(inputs, outputs, scratch):
         x = inputs[args[0]].float()  # [*, D]
         w = inputs[args[1]].float()
@@ -42,6 +39,6 @@ def build(spec, config, target):
         elif impl == "composite_out" and outputs[0].dtype == torch.float32:
             torch.mul(x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_(), w, out=outputs[0])
         else:
-            outputs[0].copy_(composite(x, w))
+            outputs[0].copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
 
     return launch

@@ -30,12 +30,6 @@ def supports(spec):
     return len(spec.nodes) == 1
 
 
-def _cos_sin(pos, inv, factor):
-    # pos: [...] any integer dtype; inv: [dim / 2] f32 -> cos, sin: [..., dim / 2] f32 times the factor
-    angles = pos.float()[..., None] * inv
-    return angles.cos() * factor, angles.sin() * factor
-
-
 def build(spec, config, target):
     node = spec.single
     x_i, pos_i = spec.args(node)
@@ -53,8 +47,9 @@ def build(spec, config, target):
         inv = static_inv
         if per_call and pos.numel():
             inv = torch.from_numpy(rope_inv_freq(head_dim, attrs, seq_len=int(pos.max()) + 1))
-        cos, sin = _cos_sin(pos, inv, factor)  # [B, S, dim / 2]
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+        angles = pos.float()[..., None] * inv  # [B, S, dim / 2]
+        cos = angles.cos()[:, :, None, :] * factor
+        sin = angles.sin()[:, :, None, :] * factor
         x1, x2 = x[..., :half], x[..., half:dim]
         outputs[0][..., :half].copy_(x1 * cos - x2 * sin)
         outputs[0][..., half:dim].copy_(x2 * cos + x1 * sin)
@@ -72,7 +67,8 @@ def build(spec, config, target):
         if int(pos.min()) < 0 or top > MAX_TABLE:
             return False
         n = 1 << max(top - 1, 1).bit_length()  # the next power of two at or past top
-        cos, sin = _cos_sin(torch.arange(n), static_inv, factor)  # [n, dim / 2]
+        angles = torch.arange(n).float()[:, None] * static_inv  # [n, dim / 2]: as per call, row by row
+        cos, sin = angles.cos() * factor, angles.sin() * factor
         table["C"] = torch.cat([cos, cos], -1)
         table["S"] = torch.cat([-sin, sin], -1)
         return True
