@@ -222,8 +222,11 @@ def builtin_agents(seed: int = 0) -> list[Agent]:
 
 @dataclass
 class Schedule:
-    """Which space each agent works on next: the groups with the largest predicted share first, round
-    robin over agents, `per_round` proposals per (agent, space)."""
+    """Which space each agent works on next: breadth first, every space one turn (`per_round`
+    proposals of one agent) in order of its share of the step, largest first, before any space gets a
+    second; the agents take the rounds in turn. A short budget so reaches every space's best-known
+    choices (on the 2-core box a one-minute tune measures about 30 candidates: depth first, three
+    agents' turns on the largest space each came before the fourth space's first)."""
 
     spaces: Sequence[GroupSpace]
     agents: Sequence[Agent]
@@ -255,8 +258,8 @@ class Schedule:
                 break
             i = self._cursor
             self._cursor += 1
-            space = ordered[(i // len(self.agents)) % len(ordered)]
-            agent = self.agents[i % len(self.agents)]
+            space = ordered[i % len(ordered)]
+            agent = self.agents[(i // len(ordered)) % len(self.agents)]
             seen = {**tried, **dict.fromkeys(pending)}
             for p in agent.propose(space, seen, min(self.per_round, limit - len(out))):
                 out.append(p)
