@@ -121,7 +121,9 @@ class WorkerPool:
             raise EngineError("the engine's zygote is gone; restart the engine")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            fields: dict[str, Any] = {"threads": self.threads}
+            # a /dev/shm private to the zygote's sandbox is emptied by each copy before it serves
+            private_shm = self.layers.get("private_shm") == "on"
+            fields: dict[str, Any] = {"threads": self.threads, "private_shm": private_shm}
             if not self._zygote_loads:
                 fields["load"] = self.load_fields
             rid = z.send("fork", **fields)

@@ -711,9 +711,10 @@ def _map(sock: socket.socket, worker: Worker, message: dict[str, Any]) -> None:
 
 
 def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, Any]) -> None:
-    """`fork` {threads, load?}: take the socket the controller sends next (SCM_RIGHTS), fork, and in
-    the child serve it as a worker of its own (`threads` torch threads; `load`: load first, for the
-    backends whose device context cannot cross a fork). The zygote never runs candidate code and
+    """`fork` {threads, load?, private_shm?}: take the socket the controller sends next (SCM_RIGHTS),
+    fork, and in the child serve it as a worker of its own (`threads` torch threads; `load`: load
+    first, for the backends whose device context cannot cross a fork; `private_shm`: the sandbox's
+    /dev/shm is the zygote's own, emptied before the copy serves). The zygote never runs candidate code and
     never starts a thread pool (one torch thread), so every copy starts from a clean, loaded state."""
     import signal
     import uuid
@@ -743,6 +744,8 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
                               TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "inductor"),
                               POLYMORPH_CACHE_DIR=os.path.join(home, "cache"))  # fmt: skip
             tempfile.tempdir = None  # gettempdir() cached the template's folder: this copy's from now on
+            if message.get("private_shm"):
+                _wipe_shm()
             import torch
 
             torch.set_num_threads(int(message.get("threads") or 1))
@@ -755,6 +758,23 @@ def _fork(sock: socket.socket, reader: Any, worker: Worker, message: dict[str, A
             os._exit(0)
     os.close(fds[0])
     sock.sendall(protocol.encode(protocol.ok(rid, {"pid": pid})))
+
+
+def _wipe_shm() -> None:
+    """Empty /dev/shm before this copy serves: the zygote's sandbox mounts it private to the zygote and
+    its copies, not to each copy, so a file an earlier copy's candidate left there would be there for
+    this one. Only called where the controller says the sandbox's private /dev/shm is on (never the
+    host's own)."""
+    import shutil
+
+    for entry in os.scandir("/dev/shm"):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def _nondumpable() -> None:

@@ -3,7 +3,7 @@ file where a later worker looks must not find it again from that worker (leaves_
 Each worker is a copy of the zygote with a folder of its own, wiped at retirement, and its compile
 caches (Triton's, Inductor's, polymorph's own: the NEFF cache on neuron) are named inside that folder.
 The /dev/shm every copy shares (the zygote's sandbox mounts it private to itself, not to each copy) is
-not wiped between copies: that case is an expected failure, strict, so that it says when it is fixed."""
+emptied by each copy before it serves."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from polymorph.engine.controller import Controller
-from polymorph.engine.wire import EngineError
 
 HERE = Path(__file__).parent
 
@@ -23,14 +22,7 @@ class Negate(torch.nn.Module):
         return torch.neg(x) * 3.0
 
 
-SHM_SHARED = pytest.mark.xfail(
-    strict=True,
-    raises=EngineError,  # the next worker's build of the accepted candidate finds the file and raises
-    reason="workers forked from the zygote share its private /dev/shm, not wiped between workers",
-)
-
-
-@pytest.mark.parametrize("folder", ["cache", pytest.param("shm", marks=SHM_SHARED)])
+@pytest.mark.parametrize("folder", ["cache", "shm"])
 def test_a_file_left_by_one_worker_is_gone_for_the_next(tmp_path: Path, folder: str) -> None:
     from polymorph.knobs import knobs
 
