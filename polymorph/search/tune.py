@@ -27,7 +27,6 @@ another worker, and a replacement worker is started while budget remains.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import multiprocessing
@@ -35,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -396,7 +395,7 @@ def tune(opts: TuneOptions, progress: Callable[[dict[str, Any]], None] | None = 
     return report
 
 
-@contextlib.contextmanager
+@contextmanager
 def _host_calibration(opts: TuneOptions, backend: Any, profile: str) -> Iterator[None]:
     """A cpu tune on a host with no calibration calibrates it first (`polymorph microbench --backend cpu
     --quick`, a few seconds of the budget, written into OUT/calibration/ and used by this run only), so
